@@ -1,0 +1,113 @@
+"""The one entry point: `nox -s <session>`; `nox -l` lists them.
+
+With MULTICARD_IN_CONTAINER=1 (set by the Dockerfile and apptainer.def) every session uses the
+running Python, so the image's own torch, DALI and nsys are what is measured. Elsewhere the
+sessions share one venv, `.nox/dev`, built with the dev pins of pyproject.toml (torch alone is
+5.5 GB; one venv for all sessions instead of one each).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.error_on_missing_interpreters = True
+
+ROOT = Path(__file__).resolve().parent
+DEV_VENV = ROOT / ".nox" / "dev"
+IN_CONTAINER = os.environ.get("MULTICARD_IN_CONTAINER") == "1"
+EXPERIMENTS = ROOT / "experiments"
+RUNS = ROOT / "artifact" / "runs"
+
+
+def dev_python(session: nox.Session) -> str:
+    """The interpreter that has the package and its pinned dependencies."""
+    if IN_CONTAINER:  # the image installed the package and its pins at build time
+        return sys.executable
+    python = DEV_VENV / "bin" / "python"
+    if not python.exists():
+        session.run(sys.executable, "-m", "venv", str(DEV_VENV))
+    session.run(str(python), "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[dev]")
+    return str(python)
+
+
+def multicard(session: nox.Session, python: str, *args: str) -> None:
+    session.run(python, "-m", "multicard", *args)
+
+
+def stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+@nox.session(python=False)
+def tests(session: nox.Session) -> None:
+    """Unit and integration tests on CPU (GPU tests skip without CUDA). Extra args go to pytest."""
+    python = dev_python(session)
+    session.run(python, "-m", "pytest", *(session.posargs or ["tests"]))
+
+
+@nox.session(python=False)
+def lint(session: nox.Session) -> None:
+    """ruff over the package, tests, benchmarks and this file."""
+    python = dev_python(session)
+    session.run(python, "-m", "ruff", "check", "src", "tests", "benchmarks", "noxfile.py")
+
+
+@nox.session(python=False)
+def smoke(session: nox.Session) -> None:
+    """Every experiment's smoke profile on CPU into artifact/runs/smoke-<UTC>/, then report + verify."""
+    python = dev_python(session)
+    out = RUNS / f"smoke-{stamp()}"
+    for spec_file in sorted(EXPERIMENTS.glob("*.toml")):
+        if "[profiles.smoke]" in spec_file.read_text():
+            multicard(session, python, "run", str(spec_file), "--profile", "smoke",
+                      "--out", str(out / spec_file.stem))
+    multicard(session, python, "report", str(out))
+    multicard(session, python, "verify", str(out))
+    session.log(f"smoke run: {out}")
+
+
+def _paper_session(session: nox.Session, experiment: str) -> None:
+    """Plan, run, report and verify one experiment; `-- ARGS` go to `multicard run`."""
+    python = dev_python(session)
+    args = list(session.posargs)
+    if "--out" in args:
+        at = args.index("--out")
+        out, args = Path(args[at + 1]), args[:at] + args[at + 2:]
+    else:
+        out = RUNS / f"{experiment}-{stamp()}"
+    spec_file = str(EXPERIMENTS / f"{experiment}.toml")
+    multicard(session, python, "plan", spec_file, *args)
+    multicard(session, python, "run", spec_file, *args, "--out", str(out))
+    multicard(session, python, "report", str(out))
+    multicard(session, python, "verify", str(out))
+
+
+@nox.session(python=False)
+def table2(session: nox.Session) -> None:
+    """Table 2 (precision, Scenario A) on GPUs with the paper profile; -- ARGS to `multicard run`."""
+    _paper_session(session, "table2_precision")
+
+
+@nox.session(python=False)
+def verify(session: nox.Session) -> None:
+    """Check SHA256SUMS of the given run directories (default: every run under artifact/runs/)."""
+    python = dev_python(session)
+    dirs = session.posargs or [str(p) for p in sorted(RUNS.iterdir())
+                               if (p / "SHA256SUMS").is_file()]
+    if not dirs:
+        session.error("no run directory with SHA256SUMS under artifact/runs/")
+    for directory in dirs:
+        multicard(session, python, "verify", directory)
+
+
+@nox.session(python=False)
+def bench(session: nox.Session) -> None:
+    """benchmarks/: harness overhead of a smoke trial and the smoke run's wall time."""
+    python = dev_python(session)
+    session.run(python, str(ROOT / "benchmarks" / "harness_overhead.py"), *session.posargs)

@@ -1,0 +1,269 @@
+"""What makes a run trustworthy on its own: env.json, SHA256SUMS and their verification.
+
+SHA256SUMS is in coreutils format (`<sha256>  <relative path>`, sorted), so `sha256sum -c
+SHA256SUMS` works without this package. Lock files (`*.lock`) are coordination state, not results,
+and are neither listed nor reported as unlisted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from multicard import numa
+from multicard.store import LOCK_SUFFIX
+
+SUMS_FILE = "SHA256SUMS"
+PACKAGES = ("multicard", "torch", "torchvision", "numpy", "nvidia-dali-cuda120",
+            "nvidia-dali-cuda130", "torchtune", "torchao", "nvidia-ml-py", "pandas", "scipy")
+ENV_VARS = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+            "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "MULTICARD_IN_CONTAINER",
+            "MULTICARD_IMAGE", "MULTICARD_IMAGE_DIGEST", "NVIDIA_PYTORCH_VERSION", "DALI_VERSION",
+            "NSIGHT_SYSTEMS_VERSION", "CUDA_VERSION", "SLURM_JOB_ID", "SLURM_NODELIST")
+_SUM_LINE = re.compile(r"^(\\?)([0-9a-f]{64}) [ *](.+)$")
+
+
+# --- checksums ------------------------------------------------------------------------------
+
+def _listed_files(root: Path) -> list[str]:
+    files = []
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink() and not path.name.endswith(LOCK_SUFFIX):
+            rel = path.relative_to(root).as_posix()
+            if rel != SUMS_FILE:
+                files.append(rel)
+    return sorted(files)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _escape(name: str) -> tuple[str, str]:
+    """coreutils escapes backslash and newline in names and marks such lines with a leading '\\'."""
+    if "\\" in name or "\n" in name:
+        return "\\", name.replace("\\", "\\\\").replace("\n", "\\n")
+    return "", name
+
+
+def _unescape(name: str) -> str:
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), name)
+
+
+def write_checksums(root: Path) -> Path:
+    """Hash every file under `root` (except SHA256SUMS and locks) into root/SHA256SUMS."""
+    lines = []
+    for rel in _listed_files(root):
+        mark, name = _escape(rel)
+        lines.append(f"{mark}{sha256_file(root / rel)}  {name}\n")
+    target = root / SUMS_FILE
+    tmp = target.with_name(SUMS_FILE + ".tmp")
+    tmp.write_text("".join(lines), encoding="utf-8")
+    tmp.replace(target)
+    return target
+
+
+@dataclass
+class VerifyResult:
+    changed: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unlisted: list[str] = field(default_factory=list)
+    malformed: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.changed or self.missing or self.unlisted or self.malformed)
+
+
+def read_checksums(sums: Path) -> tuple[dict[str, str], list[str]]:
+    """({path: sha256}, [problems]). Strict: a blank or unparsable line is a problem, so that even
+    a one-byte append to SHA256SUMS itself is caught."""
+    listed: dict[str, str] = {}
+    problems: list[str] = []
+    text = sums.read_bytes().decode("utf-8", errors="replace")
+    if text and not text.endswith("\n"):
+        problems.append(f"{SUMS_FILE}: last line is not terminated")
+    for number, line in enumerate(text.split("\n")[:-1] if text.endswith("\n") else text.split("\n"), 1):
+        match = _SUM_LINE.match(line)
+        if not match:
+            problems.append(f"{SUMS_FILE}: line {number} is not '<sha256>  <path>'")
+            continue
+        name = _unescape(match.group(3)) if match.group(1) else match.group(3)
+        listed[name] = match.group(2)
+    return listed, problems
+
+
+def verify(root: Path) -> VerifyResult:
+    result = VerifyResult()
+    sums = root / SUMS_FILE
+    if not sums.is_file():
+        result.missing.append(SUMS_FILE)
+        return result
+    listed, result.malformed = read_checksums(sums)
+    present = set(_listed_files(root))
+    for rel, expected in sorted(listed.items()):
+        if rel not in present:
+            result.missing.append(rel)
+        elif sha256_file(root / rel) != expected:
+            result.changed.append(rel)
+    result.unlisted = sorted(present - set(listed))
+    return result
+
+
+# --- environment ----------------------------------------------------------------------------
+
+def capture_env(data_dir: Path | None = None) -> dict[str, Any]:
+    """Everything a reviewer needs to know about where a run ran (env.json)."""
+    return {
+        "schema": 1,
+        "captured": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "os_release": _os_release(),
+        "python": sys.version.split()[0],
+        "cpu": _cpu(),
+        "memory_bytes": _memory_bytes(),
+        "numa_nodes": numa.sysfs_nodes(),
+        "gpus": _gpus(),
+        "torch": _torch_info(),
+        "packages": _package_versions(),
+        "git": _git(),
+        "container": {"in_container": os.environ.get("MULTICARD_IN_CONTAINER") == "1",
+                      "image": os.environ.get("MULTICARD_IMAGE"),
+                      "image_digest": os.environ.get("MULTICARD_IMAGE_DIGEST")},
+        "env": {k: os.environ[k] for k in ENV_VARS if k in os.environ},
+        "storage": _storage(data_dir) if data_dir else None,
+    }
+
+
+def _os_release() -> str | None:
+    try:
+        text = Path("/etc/os-release").read_text()
+    except OSError:
+        return None
+    match = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', text, re.M)
+    return match.group(1) if match else None
+
+
+def _cpu() -> dict[str, Any]:
+    model = None
+    try:
+        match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        model = match.group(1).strip() if match else None
+    except OSError:
+        pass
+    return {"model": model, "logical_cpus": os.cpu_count(),
+            "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
+
+
+def _memory_bytes() -> int | None:
+    try:
+        match = re.search(r"^MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+    except OSError:
+        return None
+    return int(match.group(1)) * 1024 if match else None
+
+
+def _gpus() -> list[dict[str, Any]]:
+    """GPUs through NVML; an empty list where there is no driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no library: a CPU machine
+        return []
+    driver = pynvml.nvmlSystemGetDriverVersion()
+    gpus = []
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        gpus.append({
+            "index": index,
+            "name": pynvml.nvmlDeviceGetName(handle),
+            "uuid": pynvml.nvmlDeviceGetUUID(handle),
+            "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+            "pci_bus_id": pynvml.nvmlDeviceGetPciInfo(handle).busId,
+            "driver": driver,
+        })
+    pynvml.nvmlShutdown()
+    return gpus
+
+
+def _torch_info() -> dict[str, Any] | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    cuda = torch.cuda.is_available()
+    return {
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "cuda_available": cuda,
+        "device_count": torch.cuda.device_count() if cuda else 0,
+    }
+
+
+def _package_versions() -> dict[str, str]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def _git() -> dict[str, Any]:
+    """The checkout's commit; inside an image, the one baked in at build time."""
+    source = Path(__file__).resolve().parents[2]
+    try:
+        sha = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(source), "status", "--porcelain"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+        return {"sha": sha, "dirty": bool(status.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"sha": os.environ.get("MULTICARD_GIT_SHA"), "dirty": None}
+
+
+def _storage(path: Path) -> dict[str, Any]:
+    """Filesystem and disk type under `path` (the review asked what "HDD" meant)."""
+    path = path.resolve()
+    best: tuple[str, str, str] | None = None
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            device, mount, fstype = line.split()[:3]
+            if path.is_relative_to(mount) and (best is None or len(mount) > len(best[1])):
+                best = (device, mount, fstype)
+    except OSError:
+        return {"path": str(path)}
+    if best is None:
+        return {"path": str(path)}
+    device, mount, fstype = best
+    return {"path": str(path), "mount": mount, "fstype": fstype, "device": device,
+            "rotational": _rotational(device)}
+
+
+def _rotational(device: str) -> bool | None:
+    """True for a spinning disk, from /sys/block/<disk>/queue/rotational; None when unknown."""
+    name = Path(device).name
+    for candidate in (name, re.sub(r"p?\d+$", "", name)):
+        flag = Path("/sys/block") / candidate / "queue" / "rotational"
+        if flag.exists():
+            return flag.read_text().strip() == "1"
+    return None

@@ -1,0 +1,166 @@
+"""The `multicard` command line (DESIGN.md "CLI"): one small function per subcommand.
+
+Exit status: 0 ok; 1 a check failed (verify); 2 bad input, reported on one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import NoReturn
+
+from multicard.errors import InputError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error on one line (exit 2) instead of usage + message."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from multicard import cost, runner, spec
+
+    s = spec.load(args.spec, args.profile)
+    planned = spec.plan(s, args.trials)
+    if args.json:
+        print(json.dumps([{"config_id": p.config_id, "config": p.config, "trial": p.trial}
+                          for p in planned], indent=1))
+        return 0
+    seconds = [cost.trial_seconds(s.workload, p.params) for p in planned]
+    rows = [[p.order, p.config_id, *p.config.values(), p.trial, runner.format_duration(sec)]
+            for p, sec in zip(planned, seconds, strict=True)]
+    print(tabulate(rows, headers=["order", "config_id", *s.grid, "trial", "estimate"],
+                   tablefmt="plain"))
+    device_hours = sum(sec * int(p.params["gpus"]) * int(p.params["nnodes"])
+                       for p, sec in zip(planned, seconds, strict=True)) / 3600
+    unit = "GPU-hours" if s.fixed.get("device", "cuda") == "cuda" else "rank-hours (CPU)"
+    print(f"\n{s.name} (profile {s.profile}): {len(planned) // max(1, len(spec.configs(s)))} "
+          f"trial(s) x {len(spec.configs(s))} configs = {len(planned)} trials; estimated "
+          f"{runner.format_duration(sum(seconds))} wall, {device_hours:.2f} {unit}. "
+          "Cost model: multicard/cost.py (CUDA rates are estimates).")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from multicard import runner, spec
+
+    s = spec.load(args.spec, args.profile)
+    out = args.out or Path("artifact/runs") / (
+        f"{s.name}-{s.profile}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}")
+    outcome = runner.run(s, out, trials=args.trials)
+    print(f"next: multicard report {outcome.out}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from multicard import report
+
+    if args.out is None and len(args.dirs) != 1:
+        raise InputError("report: several DIRs need --out (where REPORT.md and tables go)")
+    out = args.out or args.dirs[0]
+    out.mkdir(parents=True, exist_ok=True)
+    sums = report.write_report(args.dirs, out)
+    print(f"wrote {out / 'REPORT.md'}, tables/, figures/ and {sums}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from multicard import artifact
+
+    if not args.dir.is_dir():
+        raise InputError(f"{args.dir}: not a directory")
+    result = artifact.verify(args.dir)
+    for kind in ("malformed", "missing", "changed", "unlisted"):
+        for item in getattr(result, kind):
+            print(f"{kind.upper()}: {item}")
+    if result.ok:
+        print(f"{args.dir}: all files match SHA256SUMS")
+        return 0
+    return 1
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from multicard import artifact
+    from multicard.data import mnist
+
+    print(json.dumps(artifact.capture_env(mnist.default_root()), indent=1))
+    return 0
+
+
+def cmd_data_verify(args: argparse.Namespace) -> int:
+    from multicard.data import mnist
+
+    root = args.root or mnist.default_root()
+    mnist.verify(root / "mnist")
+    print(f"{root / 'mnist'}: all {len(mnist.SHA256)} MNIST files match their SHA-256")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="multicard", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def add(name: str, func: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("plan", cmd_plan, "print the trial plan and its estimated cost; runs nothing")
+    _spec_args(p)
+    p.add_argument("--json", action="store_true", help="[{config_id, config, trial}, ...]")
+
+    p = add("run", cmd_run, "run (or resume) an experiment")
+    _spec_args(p)
+    p.add_argument("--out", type=Path, help="run directory (default artifact/runs/<name>-<profile>-<UTC>)")
+
+    p = add("report", cmd_report, "tables, figures, REPORT.md and SHA256SUMS for run directories")
+    p.add_argument("dirs", type=Path, nargs="+", metavar="DIR")
+    p.add_argument("--out", type=Path, help="output directory (default: DIR when only one is given)")
+
+    p = add("verify", cmd_verify, "check every file against SHA256SUMS (exit 1 naming bad files)")
+    p.add_argument("dir", type=Path, metavar="DIR")
+
+    add("env", cmd_env, "print the environment record (env.json) to stdout")
+
+    p = add("data", lambda a: a.data_func(a), "datasets")
+    data_sub = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    v = data_sub.add_parser("verify", help="check the MNIST files against their SHA-256")
+    v.add_argument("--root", type=Path, help="folder that holds mnist/ (default: ./data)")
+    v.set_defaults(data_func=cmd_data_verify)
+    return parser
+
+
+def _spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", type=Path, metavar="SPEC", help="experiment TOML")
+    p.add_argument("--profile", default="paper", help="paper (default) or a profile of the spec")
+    p.add_argument("--trials", type=_positive_int, help="trials per config (default: the spec's)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except InputError as exc:
+        print(f"multicard: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("multicard: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,55 @@
+"""A simple per-config cost model: estimated seconds of one vision trial.
+
+    trial_s = launch_s + warmup + epochs * (steps * step_s + epoch_pause_s) + eval_s
+    step_s  = step_overhead_s + batch * (image_size / 224)^2 / (throughput_224 / ranks_sharing)
+    eval_s  = test images per rank * (image_size / 224)^2 / (3 * throughput_224 / ranks_sharing)
+
+MobileNetV2's FLOPs grow with the pixel count, hence the (size/224)^2 factor. Forward-only
+evaluation costs about a third of a training step. `throughput_224` is training images/s per rank
+at 224x224. The CPU numbers were measured on the 2-core development machine (batch 16 at 32x32,
+scaled); CPU ranks on one node share its cores. The CUDA numbers are estimates for one H100 and
+are marked as such wherever they are shown; replace them once a run has measured them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from multicard.params import Value
+
+REFERENCE_SIZE = 224
+THROUGHPUT_224: dict[str, dict[str, float]] = {
+    "cpu": {"fp64": 1.9, "fp32": 6.0, "tf32": 6.0, "fp16": 0.58, "bf16": 5.3},
+    "cuda": {"fp64": 700.0, "fp32": 1100.0, "tf32": 1800.0, "fp16": 2600.0, "bf16": 2600.0},
+}
+STEP_OVERHEAD_S = {"cpu": 0.04, "cuda": 0.005}
+EPOCH_PAUSE_S = {"cpu": 0.5, "cuda": 1.0}
+LAUNCH_S = {"cpu": 6.0, "cuda": 25.0}  # cpu: measured by benchmarks/harness_overhead.py
+MNIST_TRAIN, MNIST_TEST = 60_000, 10_000
+
+
+def vision_trial_seconds(settings: Mapping[str, Value]) -> float:
+    device = str(settings["device"])
+    ranks = int(settings["gpus"]) * int(settings["nnodes"])
+    sharing = int(settings["gpus"]) if device == "cpu" else 1
+    rate = THROUGHPUT_224[device][str(settings["precision"])] / sharing
+    pixels = (int(settings["image_size"]) / REFERENCE_SIZE) ** 2
+    batch = int(settings["batch_size"])
+    train_n = int(settings["train_subset"]) or MNIST_TRAIN
+    steps = math.ceil(train_n / (batch * ranks))
+    if int(settings["max_steps"]):
+        steps = min(steps, int(settings["max_steps"]))
+    step_s = STEP_OVERHEAD_S[device] + batch * pixels / rate
+    test_per_rank = (int(settings["test_subset"]) or MNIST_TEST) / ranks
+    eval_s = test_per_rank * pixels / (3 * rate)
+    epochs = int(settings["epochs"])
+    warmup = int(settings["warmup_steps"]) * step_s
+    return LAUNCH_S[device] + warmup + epochs * (steps * step_s + EPOCH_PAUSE_S[device]) + eval_s
+
+
+def trial_seconds(workload: str, settings: Mapping[str, Value]) -> float:
+    return TRIAL_COST[workload](settings)
+
+
+TRIAL_COST = {"vision": vision_trial_seconds}

@@ -1,0 +1,132 @@
+"""The settings an experiment may give a workload: name, type, domain, default and meaning.
+
+One table per workload. `spec` validates TOML against it, the workload builds its argparse from
+it, and `launch` turns values into flags, so a setting is declared exactly once. The paper does not
+give batch size, optimizer, learning rate or worker counts (PAPER.md section 8); the defaults
+below are ours and are documented in the README.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from multicard.errors import InputError
+from multicard.precision import PRECISIONS
+
+Value = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class Param:
+    """One setting. `choices` limits strings; `minimum`/`maximum` bound numbers (inclusive)."""
+
+    kind: type
+    default: Value
+    help: str
+    choices: tuple[str, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def describe(self) -> str:
+        """What a valid value looks like, for error messages."""
+        if self.choices:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        bounds = []
+        if self.minimum is not None:
+            bounds.append(f">= {self.minimum:g}")
+        if self.maximum is not None:
+            bounds.append(f"<= {self.maximum:g}")
+        name = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+        return " ".join([name[self.kind], *bounds])
+
+
+def check_value(param: Param, value: Any) -> Value | None:
+    """Return `value` converted to the param's type, or None when it is not valid."""
+    if param.kind is bool:
+        return value if isinstance(value, bool) else None
+    if isinstance(value, bool):  # bool is an int subclass; `true` is never a valid number
+        return None
+    if param.kind is float and isinstance(value, int | float):
+        value = float(value)
+    elif not isinstance(value, param.kind):
+        return None
+    if param.choices is not None and value not in param.choices:
+        return None
+    if param.minimum is not None and value < param.minimum:
+        return None
+    if param.maximum is not None and value > param.maximum:
+        return None
+    return value
+
+
+VISION: dict[str, Param] = {
+    "device": Param(str, "cuda", "cuda (nccl) or cpu (gloo ranks)", choices=("cuda", "cpu")),
+    "gpus": Param(int, 1, "ranks per node: GPUs on cuda, gloo processes on cpu", minimum=1),
+    "nnodes": Param(int, 1, "nodes (torchrun --nnodes); >1 needs --rdzv-endpoint", minimum=1),
+    "precision": Param(str, "fp32", "numeric policy, see precision.py", choices=tuple(PRECISIONS)),
+    "image_size": Param(int, 224, "Scenario A: MNIST upsampled to NxN", minimum=28, maximum=1024),
+    "epochs": Param(int, 20, "training epochs (the paper: 20)", minimum=1),
+    "batch_size": Param(int, 64, "samples per rank per step", minimum=1),
+    "optimizer": Param(str, "sgd", "sgd (momentum) or adamw", choices=("sgd", "adamw")),
+    "lr": Param(float, 0.02, "learning rate, constant, not scaled by world size", minimum=0.0),
+    "momentum": Param(float, 0.9, "SGD momentum", minimum=0.0, maximum=1.0),
+    "weight_decay": Param(float, 4e-5, "weight decay (MobileNetV2 paper value)", minimum=0.0),
+    "num_workers": Param(int, 4, "DataLoader worker processes per rank", minimum=0),
+    "pin_memory": Param(bool, False, "DataLoader pin_memory (PyTorch default: false)"),
+    "cudnn_benchmark": Param(bool, False, "torch.backends.cudnn.benchmark (default: false)"),
+    "warmup_steps": Param(int, 5, "untimed steps before training; state restored after", minimum=0),
+    "max_steps": Param(int, 0, "cap on steps per epoch; 0 = the whole epoch", minimum=0),
+    "train_subset": Param(int, 0, "first N training images; 0 = all 60,000", minimum=0),
+    "test_subset": Param(int, 0, "first N test images; 0 = all 10,000", minimum=0),
+    "seed": Param(int, 0, "base seed; trial t uses seed + t", minimum=0),
+}
+
+WORKLOAD_PARAMS: dict[str, dict[str, Param]] = {"vision": VISION}
+
+VISION_METRICS: tuple[str, ...] = (
+    "train_time_s",
+    "epoch_time_s",
+    "step_time_median_s",
+    "throughput_samples_s",
+    "data_wait_fraction",
+    "first_batch_latency_s",
+    "h2d_time_s",
+    "test_accuracy",
+    "peak_mem_bytes",
+    "gpu_util_mean",
+    "train_loss",
+)
+
+WORKLOAD_METRICS: dict[str, tuple[str, ...]] = {"vision": VISION_METRICS}
+
+
+def resolve(workload: str, values: Mapping[str, Value]) -> dict[str, Value]:
+    """Defaults overlaid with `values`, in the table's order (values are assumed checked)."""
+    table = WORKLOAD_PARAMS[workload]
+    unknown = set(values) - set(table)
+    if unknown:
+        raise InputError(f"unknown setting(s) for workload {workload!r}: {sorted(unknown)}")
+    return {name: values.get(name, param.default) for name, param in table.items()}
+
+
+def to_flags(values: Mapping[str, Value]) -> list[str]:
+    """`{"image_size": 32, "pin_memory": True}` -> `["--image-size", "32", "--pin-memory", "true"]`."""
+    flags: list[str] = []
+    for name, value in values.items():
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        flags += ["--" + name.replace("_", "-"), text]
+    return flags
+
+
+def parse_flag_value(param: Param, text: str) -> Value:
+    """Inverse of `to_flags` for one value; raises ValueError (argparse turns it into exit 2)."""
+    if param.kind is bool:
+        if text not in ("true", "false"):
+            raise ValueError(f"expected true or false, got {text!r}")
+        return text == "true"
+    value = check_value(param, param.kind(text))
+    if value is None:
+        raise ValueError(f"expected {param.describe()}, got {text!r}")
+    return value

@@ -1,0 +1,314 @@
+"""Presentation: tables (md, csv, tex), figures (PNG) and REPORT.md for one or more run directories.
+
+Nothing here computes a statistic; numbers come from `summarize` and are only formatted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tabulate import tabulate
+
+import multicard
+from multicard import artifact, store, summarize
+from multicard import spec as specmod
+from multicard.errors import InputError
+from multicard.spec import Spec
+
+
+@dataclass(frozen=True)
+class RunData:
+    path: Path
+    spec: Spec
+    env: dict[str, Any]
+    records: list[dict[str, Any]]
+    planned: int
+
+
+# --- number formatting ----------------------------------------------------------------------
+
+def _fmt_num(v: float) -> str:
+    return "–" if v is None or math.isnan(v) else f"{v:.4g}"
+
+
+def _fmt_pct(v: float) -> str:
+    return "–" if v is None or math.isnan(v) else f"{100 * v:.2f}"
+
+
+def _fmt_gib(v: float) -> str:
+    return "–" if v is None or math.isnan(v) else f"{v / 2**30:.3g}"
+
+
+METRIC_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
+    "train_time_s": ("train time (s)", _fmt_num),
+    "epoch_time_s": ("epoch time (s)", _fmt_num),
+    "step_time_median_s": ("median step (s)", _fmt_num),
+    "throughput_samples_s": ("throughput (img/s)", _fmt_num),
+    "data_wait_fraction": ("data wait (%)", _fmt_pct),
+    "first_batch_latency_s": ("pre-epoch pause (s)", _fmt_num),
+    "h2d_time_s": ("H2D copy (s)", _fmt_num),
+    "test_accuracy": ("test acc. (%)", _fmt_pct),
+    "peak_mem_bytes": ("peak mem. (GiB)", _fmt_gib),
+    "gpu_util_mean": ("GPU util. (%)", _fmt_pct),
+    "train_loss": ("train loss", _fmt_num),
+}
+
+
+def _label(metric: str) -> str:
+    return METRIC_LABELS.get(metric, (metric, _fmt_num))[0]
+
+
+def _fmt(metric: str, value: float) -> str:
+    return METRIC_LABELS.get(metric, (metric, _fmt_num))[1](value)
+
+
+def _mean_sd_ci(row: pd.Series, metric: str) -> str:
+    mean, sd = row[f"{metric}.mean"], row[f"{metric}.std"]
+    if math.isnan(mean):
+        return "–"
+    text = _fmt(metric, mean) + (f" ± {_fmt(metric, sd)}" if not math.isnan(sd) else "")
+    lo, hi = row[f"{metric}.ci_lo"], row[f"{metric}.ci_hi"]
+    if not math.isnan(lo):
+        text += f" [{_fmt(metric, lo)}, {_fmt(metric, hi)}]"
+    return text
+
+
+def _with_ci(value: float, lo: float, hi: float, fmt: Callable[[float], str]) -> str:
+    if math.isnan(value):
+        return "–"
+    return fmt(value) + ("" if math.isnan(lo) else f" [{fmt(lo)}, {fmt(hi)}]")
+
+
+def _paper(values: dict[str, Any]) -> str:
+    parts = []
+    for key, value in values.items():
+        lo, hi = value if isinstance(value, tuple) else (value, value)
+        if key == "speedup_x":
+            text, unit = (f"{lo:g}" if lo == hi else f"{lo:g}–{hi:g}"), "x"
+        elif key in ("gain_pct", "time_reduction_pct"):
+            text, unit = (f"{lo:g}" if lo == hi else f"{lo:g}–{hi:g}"), " %"
+        else:
+            a, b = _fmt(key, lo), _fmt(key, hi)
+            parts.append(f"{_label(key)} {a if lo == hi else f'{a}–{b}'}")
+            continue
+        parts.append(f"{key.removesuffix('_pct').replace('_', ' ')} {text}{unit}")
+    return "; ".join(parts)
+
+
+# --- tables ---------------------------------------------------------------------------------
+
+def display_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
+    """The human table: one column per factor, n, mean ± sd [95% CI] per metric, speedups, paper."""
+    out = pd.DataFrame({factor: table[factor] for factor in spec.grid})
+    out["n"] = table[f"{spec.primary}.n"].astype(int)
+    for metric in spec.metrics:
+        out[f"{_label(metric)} mean ± sd [95% CI]"] = table.apply(_mean_sd_ci, axis=1, metric=metric)
+    p = spec.primary
+    out[f"{_label(p)} median [min, max]"] = [
+        "–" if math.isnan(r[f"{p}.median"]) else
+        f"{_fmt(p, r[f'{p}.median'])} [{_fmt(p, r[f'{p}.min'])}, {_fmt(p, r[f'{p}.max'])}]"
+        for _, r in table.iterrows()]
+    if spec.baseline:
+        base = ", ".join(f"{k}={v}" for k, v in spec.baseline.items())
+        columns = {f"speedup vs {base} (x) [95% CI]": ("speedup", lambda v: f"{v:.3g}"),
+                   "time reduction (%)": ("time_reduction", _fmt_pct),
+                   "gain (%)": ("gain", _fmt_pct)}
+        for title, (key, fmt) in columns.items():
+            out[title] = [
+                "baseline" if r["baseline"] else
+                _with_ci(r[key], r[f"{key}.lo"], r[f"{key}.hi"], fmt)
+                for _, r in table.iterrows()]
+    out["paper"] = [_paper(v) for v in table["paper"]]
+    out["failed"] = [f"{n} ({', '.join(c)})" if n else "0"
+                     for n, c in zip(table["failed"], table["failure_causes"], strict=True)]
+    return out
+
+
+def render_markdown(display: pd.DataFrame) -> str:
+    return tabulate(display, headers="keys", tablefmt="github", showindex=False) + "\n"
+
+
+def render_latex(display: pd.DataFrame) -> str:
+    return tabulate(display, headers="keys", tablefmt="latex_booktabs", showindex=False) + "\n"
+
+
+def render_csv(table: pd.DataFrame) -> str:
+    flat = table.copy()
+    flat["paper"] = [json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in p.items()})
+                     for p in flat["paper"]]
+    flat["failure_causes"] = [";".join(c) for c in flat["failure_causes"]]
+    return flat.to_csv(index=False)
+
+
+# --- figures --------------------------------------------------------------------------------
+
+def plot_primary(spec: Spec, table: pd.DataFrame, trials: pd.DataFrame, target: Path) -> bool:
+    """Primary metric vs the figure's x factor, one line per series, 95% CI bars and raw trials."""
+    x_key = spec.figure.get("x")
+    if x_key is None:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series_key = spec.figure.get("series")
+    groups = list(table.groupby(series_key, sort=False)) if series_key else [(None, table)]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    p = spec.primary
+    xs = sorted(spec.grid[x_key])
+    # Series are dodged sideways so that error bars at the same x stay readable.
+    width = 0.5 * min((b - a for a, b in itertools.pairwise(xs)), default=1)
+    for i, (name, group) in enumerate(groups):
+        shift = width * ((i + 0.5) / len(groups) - 0.5)
+        group = group.sort_values(x_key)
+        mean = group[f"{p}.mean"]
+        err = [(mean - group[f"{p}.ci_lo"]).fillna(0), (group[f"{p}.ci_hi"] - mean).fillna(0)]
+        line = ax.errorbar(group[x_key] + shift, mean, yerr=err, marker="o", capsize=3,
+                           label=str(name) if name is not None else None)
+        raw = trials[trials["config_id"].isin(group["config_id"])]
+        ax.scatter(raw[x_key] + shift, raw[p], s=10, alpha=0.4, color=line.lines[0].get_color())
+    ax.set_xticks(xs)
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(_label(p) + " (mean, 95% CI; dots: trials)")
+    ax.set_title(spec.title, fontsize=9)
+    if series_key:
+        ax.legend(title=series_key, fontsize=8)
+    fig.tight_layout()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=120)
+    plt.close(fig)
+    return True
+
+
+# --- runs and REPORT.md ---------------------------------------------------------------------
+
+def is_run(path: Path) -> bool:
+    return (path / "spec.toml").is_file() and (path / store.TRIALS_FILE).is_file()
+
+
+def discover_runs(path: Path) -> list[Path]:
+    """`path` itself if it is a run directory, else the run directories directly inside it."""
+    if not path.is_dir():
+        raise InputError(f"{path}: not a directory")
+    if is_run(path):
+        return [path]
+    runs = sorted(p for p in path.iterdir() if p.is_dir() and is_run(p))
+    if not runs:
+        raise InputError(f"{path}: no run directory (spec.toml + trials.jsonl) here or one level down")
+    return runs
+
+
+def load_run(path: Path) -> RunData:
+    spec = specmod.load(path / "spec.toml")
+    env_path = path / "env.json"
+    env = json.loads(env_path.read_text()) if env_path.exists() else {}
+    records = store.read(path / store.TRIALS_FILE)
+    return RunData(path, spec, env, records, planned=len(specmod.plan(spec)))
+
+
+def write_report(dirs: list[Path], out: Path) -> Path:
+    """Tables, figures and REPORT.md for every run under `dirs`, then SHA256SUMS over `out`."""
+    runs = [load_run(p) for d in dirs for p in discover_runs(d)]
+    for derived in ("tables", "figures"):
+        shutil.rmtree(out / derived, ignore_errors=True)
+    sections = [_environment_section(runs, out)]
+    used: set[str] = set()
+    for run in runs:
+        name = _unique(run.spec.name, used)
+        sections.append(_experiment_section(run, name, out))
+    sections.append(_verify_section(out))
+    header = (f"# multicard report\n\nGenerated {datetime.now(UTC).isoformat(timespec='seconds')} "
+              f"by multicard {multicard.__version__}.\n")
+    (out / "REPORT.md").write_text("\n".join([header, *sections]), encoding="utf-8")
+    return artifact.write_checksums(out)
+
+
+def _unique(name: str, used: set[str]) -> str:
+    candidate, i = name, 2
+    while candidate in used:
+        candidate, i = f"{name}-{i}", i + 1
+    used.add(candidate)
+    return candidate
+
+
+def _environment_section(runs: list[RunData], out: Path) -> str:
+    rows = []
+    for run in runs:
+        env = run.env
+        gpus = env.get("gpus") or []
+        gpu_text = f"{len(gpus)}x {gpus[0]['name']}" if gpus else "none"
+        torch_info = env.get("torch") or {}
+        rows.append({
+            "run": _rel(run.path, out), "host": env.get("host"),
+            "CPU": (env.get("cpu") or {}).get("model"),
+            "CPUs": (env.get("cpu") or {}).get("logical_cpus"),
+            "NUMA nodes": len(env.get("numa_nodes") or []), "GPUs": gpu_text,
+            "torch": torch_info.get("version"), "CUDA": torch_info.get("cuda"),
+            "git": ((env.get("git") or {}).get("sha") or "")[:10],
+        })
+    table = tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
+    return "## Environment\n\nFull details: `env.json` in each run directory.\n\n" + table + "\n"
+
+
+def _rel(path: Path, out: Path) -> str:
+    try:
+        return path.resolve().relative_to(out.resolve()).as_posix() or "."
+    except ValueError:
+        return str(path)
+
+
+def _experiment_section(run: RunData, name: str, out: Path) -> str:
+    spec = run.spec
+    trials = summarize.trial_table(spec, run.records)
+    failed = summarize.failures(spec, run.records)
+    table = summarize.config_table(spec, trials, failed)
+    display = display_table(spec, table)
+    tables = out / "tables"
+    tables.mkdir(parents=True, exist_ok=True)
+    (tables / f"{name}.md").write_text(render_markdown(display), encoding="utf-8")
+    (tables / f"{name}.tex").write_text(render_latex(display), encoding="utf-8")
+    (tables / f"{name}.csv").write_text(render_csv(table), encoding="utf-8")
+    trials.to_csv(tables / f"{name}_trials.csv", index=False)
+    has_figure = plot_primary(spec, table, trials, out / "figures" / f"{name}.png")
+    fixed = ", ".join(f"{k}={v}" for k, v in spec.fixed.items())
+    lines = [
+        f"## {spec.title}",
+        "",
+        f"Experiment `{spec.name}` ({spec.paper or 'extension'}), profile `{spec.profile}`, "
+        f"run `{_rel(run.path, out)}`: {len(trials)} of {run.planned} planned trials ok, "
+        f"{len(failed)} failed attempt(s).",
+        "",
+        f"Fixed settings: {fixed}.",
+        "",
+        render_markdown(display),
+        f"Raw per-trial values: `tables/{name}_trials.csv`; all statistics: `tables/{name}.csv`.",
+    ]
+    if has_figure:
+        lines += ["", f"![{spec.title}](figures/{name}.png)"]
+    if len(failed):
+        lines += ["", "Failures:", ""]
+        lines += [f"- `{r.config_id}` trial {r.trial}: **{r.status}** {r.error_type or ''}: "
+                  f"{(r.message or '').splitlines()[0] if r.message else ''}"
+                  for r in failed.itertuples()]
+    return "\n".join(lines) + "\n"
+
+
+def _verify_section(out: Path) -> str:
+    return (
+        "## How to verify these files\n\n"
+        "Every file under this directory is listed in `SHA256SUMS` (coreutils format):\n\n"
+        "```\n"
+        f"cd {out.as_posix()} && sha256sum -c SHA256SUMS\n"
+        f"multicard verify {out.as_posix()}    # also names files that are missing or unlisted\n"
+        "```\n"
+    )

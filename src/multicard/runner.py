@@ -1,0 +1,251 @@
+"""Run an experiment: every planned trial as its own process group, one record per attempt.
+
+A trial is one fresh launch (torchrun + its ranks) in a new session, so a timeout can kill the
+whole group and trials stay independent samples. Results are appended to DIR/trials.jsonl as they
+finish; running again on the same DIR does only the trials that have no ok record yet. A trial
+that fails, times out or runs out of memory becomes a record with its cause; the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from multicard import artifact, cost, launch, store
+from multicard import spec as specmod
+from multicard.data import mnist
+from multicard.errors import InputError
+from multicard.spec import PlannedTrial, Spec
+
+STDERR_TAIL_CHARS = 4000
+KILL_GRACE_S = 10.0
+OOM_PATTERNS = ("CUDA out of memory", "OutOfMemoryError", "out of memory",
+                "DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
+_EXCEPTION_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)):\s*(.*)$")
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    out: Path
+    ran: int
+    ok: int
+    failed: int
+    skipped_done: int
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], None] = print,
+        data_dir: Path | None = None) -> RunOutcome:
+    """Run (or resume) `spec` into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(out / ".run.lock"), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise InputError(f"{out}: another multicard run is using this directory") from None
+    try:
+        spec = dataclasses.replace(spec, trials=trials or spec.trials)
+        data_dir = (data_dir or mnist.default_root()).resolve()
+        _prepare(spec, out, data_dir)
+        return _run_pending(spec, out, data_dir, echo)
+    finally:
+        lock.release()
+
+
+def _prepare(spec: Spec, out: Path, data_dir: Path) -> None:
+    """Write spec.toml and env.json, or check that `out` holds a run of this same spec."""
+    spec_file = out / "spec.toml"
+    if spec_file.exists():
+        existing = specmod.load(spec_file)
+        comparable = dataclasses.replace(existing, path=spec.path, trials=spec.trials)
+        if comparable != spec:
+            raise InputError(f"{out}: holds a run of a different spec or profile "
+                             f"({existing.name}, profile {existing.profile}); use another --out")
+    spec_file.write_text(specmod.to_toml(spec), encoding="utf-8")
+    env_file = out / "env.json"
+    if env_file.exists():  # a resumed run: keep the first environment, record this one beside it
+        env_file = out / f"env-resume-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
+    env_file.write_text(json.dumps(artifact.capture_env(data_dir), indent=1), encoding="utf-8")
+
+
+def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], None]) -> RunOutcome:
+    trials_file = out / store.TRIALS_FILE
+    records = store.read(trials_file)
+    done = store.finished(records)
+    planned = specmod.plan(spec)
+    todo = [p for p in planned if (p.config_id, p.trial) not in done]
+    estimates = [cost.trial_seconds(spec.workload, p.params) for p in todo]
+    echo(f"{spec.name} ({spec.profile}): {len(planned)} trials planned, "
+         f"{len(planned) - len(todo)} already ok, {len(todo)} to run, "
+         f"estimated {format_duration(sum(estimates))}")
+    ok = failed = 0
+    walls: list[float] = []
+    for index, planned_trial in enumerate(todo):
+        record = run_trial(spec, planned_trial, out, data_dir)
+        store.append(trials_file, record)
+        walls.append(record["wall_s"])
+        ok += record["status"] == "ok"
+        failed += record["status"] != "ok"
+        remaining = len(todo) - index - 1
+        eta = sum(walls) / len(walls) * remaining
+        echo(f"[{index + 1:>{len(str(len(todo)))}}/{len(todo)}] {describe(planned_trial)}: "
+             f"{record['status']} in {record['wall_s']:.1f} s | ETA {format_duration(eta)}")
+    echo(f"{spec.name}: {ok} ok, {failed} not ok; records in {trials_file}")
+    return RunOutcome(out, len(todo), ok, failed, len(planned) - len(todo))
+
+
+def describe(planned: PlannedTrial) -> str:
+    factors = " ".join(f"{k}={v}" for k, v in planned.config.items())
+    return f"{factors} trial {planned.trial}"
+
+
+def format_duration(seconds: float) -> str:
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def _trial_dir(out: Path, planned: PlannedTrial) -> tuple[Path, int]:
+    """raw/<config_id>-t<trial>-a<attempt>: a new directory per attempt, none ever reused."""
+    attempt = 0
+    while (path := out / "raw" / f"{planned.config_id}-t{planned.trial}-a{attempt}").exists():
+        attempt += 1
+    path.mkdir(parents=True)
+    return path, attempt
+
+
+def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path) -> dict[str, Any]:
+    """Launch one trial, wait for it (with the spec's timeout) and return its record."""
+    trial_dir, attempt = _trial_dir(out, planned)
+    settings = dict(planned.params)
+    settings["seed"] = int(settings["seed"]) + planned.trial  # independent samples, reproducible
+    argv = launch.WORKLOAD_ARGV[spec.workload](settings, trial_dir, data_dir)
+    env = launch.trial_env(os.environ, int(settings["gpus"]), os.cpu_count() or 1)
+    changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    dropped = [k for k in os.environ if k not in env]
+    (trial_dir / "launch.json").write_text(json.dumps(
+        {"argv": argv, "env_set": changed, "env_dropped": dropped, "cwd": str(Path.cwd())}, indent=1))
+    started, started_unix = utc_now(), time.time()
+    t0 = time.monotonic()
+    returncode, timed_out = _execute(argv, env, trial_dir, spec.timeout_s)
+    wall = time.monotonic() - t0
+    stderr_text = _tail(trial_dir / "stderr.log")
+    result = _read_result(trial_dir / "result.json")
+    status, error = classify(returncode, timed_out, stderr_text, result, spec.timeout_s)
+    return {
+        "schema": store.SCHEMA,
+        "experiment": spec.name,
+        "config_id": planned.config_id,
+        "config": planned.config,
+        "trial": planned.trial,
+        "attempt": attempt,
+        "order": planned.order,
+        "seed": settings["seed"],
+        "profile": spec.profile,
+        "status": status,
+        "started": started,
+        "started_unix": round(started_unix, 3),
+        "wall_s": round(wall, 3),
+        "metrics": result["metrics"] if result and status == "ok" else {},
+        "error": error,
+        "artifacts": sorted(p.relative_to(out).as_posix() for p in trial_dir.rglob("*") if p.is_file()),
+        "returncode": returncode,
+    }
+
+
+def _execute(argv: list[str], env: dict[str, str], trial_dir: Path,
+             timeout_s: float) -> tuple[int | None, bool]:
+    """Run argv in its own session; on timeout kill the whole process group."""
+    runner_pid = os.getpid()
+    with (trial_dir / "stdout.log").open("wb") as stdout, (trial_dir / "stderr.log").open("wb") as stderr:
+        proc = subprocess.Popen(
+            argv, stdout=stdout, stderr=stderr, env=env, start_new_session=True,
+            preexec_fn=lambda: launch.set_parent_death_signal(runner_pid),
+        )
+        try:
+            return proc.wait(timeout=timeout_s), False
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            return proc.returncode, True
+        except BaseException:  # Ctrl-C or an error here: leave no orphaned ranks behind
+            kill_group(proc)
+            raise
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the trial's process group, SIGKILL whatever is left after a grace period."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=KILL_GRACE_S)
+    # The group outlives its leader while any rank is still in it.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _tail(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - STDERR_TAIL_CHARS))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _read_result(path: Path) -> dict[str, Any] | None:
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return result if isinstance(result, dict) and isinstance(result.get("metrics"), dict) else None
+
+
+def classify(returncode: int | None, timed_out: bool, stderr_tail: str,
+             result: dict[str, Any] | None, timeout_s: float) -> tuple[str, dict[str, Any] | None]:
+    """(status, error) of a finished trial; error is None exactly when status is ok."""
+    tail = stderr_tail[-STDERR_TAIL_CHARS:]
+    if timed_out:
+        return "timeout", {"type": "Timeout", "message": f"killed after {timeout_s:g} s",
+                           "stderr_tail": tail}
+    if returncode == 0 and result is not None:
+        return "ok", None
+    kind, message = root_exception(tail)
+    if any(p in tail for p in OOM_PATTERNS):
+        return "oom", {"type": kind or "OutOfMemory", "message": message or "out of memory",
+                       "stderr_tail": tail}
+    if kind is None:
+        kind = "ExitCode"
+        message = (f"exit status {returncode}" if returncode == 0 or returncode is None
+                   or returncode > 0 else f"killed by signal {-returncode}")
+        if returncode == 0:
+            message += " but no result.json was written"
+    return "failed", {"type": kind, "message": message, "stderr_tail": tail}
+
+
+def root_exception(text: str) -> tuple[str | None, str | None]:
+    """The first exception line of a rank (torchrun's own ChildFailedError summary is skipped)."""
+    for line in text.splitlines():
+        match = _EXCEPTION_LINE.match(line)
+        if match and not match.group(1).endswith("ChildFailedError"):
+            return match.group(1).rsplit(".", 1)[-1], match.group(2).strip()
+    return None, None

@@ -1,0 +1,361 @@
+"""Experiment specs: load and validate TOML, merge a profile, expand the grid into trial plans.
+
+A spec file is data (DESIGN.md "Experiment spec"). Every problem is an `InputError` whose message
+names the file, the key and what was expected, on one line. Config ids are a hash of the experiment
+name, the workload and every resolved setting, so they are stable across runs and machines and
+change exactly when what a trial does changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import random
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from multicard import params
+from multicard.errors import InputError
+from multicard.params import Value
+
+SECTIONS = {"experiment", "fixed", "grid", "baseline", "trials", "report", "profiles", "reference"}
+EXPERIMENT_KEYS = {"name", "title", "workload", "paper", "description", "profile"}
+TRIALS_KEYS = {"count", "seed", "timeout_s"}
+REPORT_KEYS = {"primary", "metrics", "figure"}
+PROFILE_KEYS = {"fixed", "grid", "trials", "baseline", "report"}
+SPEEDUP_KEYS = ("speedup_x", "time_reduction_pct", "gain_pct")
+DEFAULT_TIMEOUT_S = 7200.0
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The paper's value(s) for the configs that `match` selects; a range is (lo, hi)."""
+
+    match: dict[str, Value]
+    values: dict[str, float | tuple[float, float]]
+    source: str
+    note: str = ""
+
+    def applies_to(self, config: Mapping[str, Value]) -> bool:
+        return all(config.get(k) == v for k, v in self.match.items())
+
+
+@dataclass(frozen=True)
+class Spec:
+    path: Path
+    name: str
+    title: str
+    workload: str
+    paper: str
+    description: str
+    profile: str
+    fixed: dict[str, Value]
+    grid: dict[str, list[Value]]
+    baseline: dict[str, Value]
+    trials: int
+    order_seed: int
+    timeout_s: float
+    primary: str
+    metrics: list[str]
+    figure: dict[str, str]
+    references: list[Reference] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PlannedTrial:
+    order: int
+    config_id: str
+    config: dict[str, Value]
+    params: dict[str, Value]
+    trial: int
+
+
+class _Checker:
+    """Builds one-line error messages that name the file and the key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, key: str, expected: str, got: Any = None, *, show_got: bool = True) -> None:
+        suffix = f", got {got!r}" if show_got else ""
+        raise InputError(f"{self.path}: {key}: expected {expected}{suffix}")
+
+    def table(self, key: str, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.fail(key, "a table", value)
+        return value
+
+    def keys(self, key: str, table: Mapping[str, Any], allowed: set[str] | dict[str, Any]) -> None:
+        for name in table:
+            if name not in allowed:
+                self.fail(f"{key}.{name}", "one of " + ", ".join(sorted(allowed)), show_got=False)
+
+    def text(self, key: str, value: Any) -> str:
+        if not isinstance(value, str) or not value.strip():
+            self.fail(key, "a non-empty string", value)
+        return value
+
+    def setting(self, workload: str, key: str, name: str, value: Any) -> Value:
+        table = params.WORKLOAD_PARAMS[workload]
+        if name not in table:
+            self.fail(key, f"a setting of workload {workload!r}", name)
+        checked = params.check_value(table[name], value)
+        if checked is None:
+            self.fail(key, table[name].describe(), value)
+        return checked  # type: ignore[return-value]
+
+
+def load(path: str | Path, profile: str = "paper") -> Spec:
+    """Read `path`, merge `profile` on top and validate everything."""
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such spec file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not valid TOML: {exc}") from None
+    return from_document(doc, path, profile)
+
+
+def from_document(doc: dict[str, Any], path: Path, profile: str = "paper") -> Spec:
+    check = _Checker(path)
+    check.keys("top level", doc, SECTIONS)
+    exp = check.table("[experiment]", doc.get("experiment"))
+    check.keys("[experiment]", exp, EXPERIMENT_KEYS)
+    name = check.text("[experiment].name", exp.get("name"))
+    resolved = "profile" in exp  # a spec.toml written by `to_toml`: profile already merged
+    if not resolved and name != path.stem:
+        check.fail("[experiment].name", f"the file stem {path.stem!r}", name)
+    workload = exp.get("workload")
+    if workload not in params.WORKLOAD_PARAMS:
+        check.fail("[experiment].workload", "one of " + ", ".join(params.WORKLOAD_PARAMS), workload)
+    if resolved:
+        profile = check.text("[experiment].profile", exp["profile"])
+    else:
+        doc = _merge_profile(check, doc, profile)
+    fixed, grid = _fixed_and_grid(check, doc, workload)
+    trials = check.table("[trials]", doc.get("trials", {}))
+    check.keys("[trials]", trials, TRIALS_KEYS)
+    return Spec(
+        path=path,
+        name=name,
+        title=check.text("[experiment].title", exp.get("title")),
+        workload=workload,
+        paper=str(exp.get("paper", "")),
+        description=str(exp.get("description", "")),
+        profile=profile,
+        fixed=fixed,
+        grid=grid,
+        baseline=_baseline(check, doc, grid, workload),
+        trials=_int(check, "[trials].count", trials.get("count", 5), minimum=1),
+        order_seed=_int(check, "[trials].seed", trials.get("seed", 0), minimum=0),
+        timeout_s=_timeout(check, trials.get("timeout_s", DEFAULT_TIMEOUT_S)),
+        **_report(check, doc, grid, workload),
+        references=_references(check, doc, workload),
+    )
+
+
+def _int(check: _Checker, key: str, value: Any, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        check.fail(key, f"an integer >= {minimum}", value)
+    return value
+
+
+def _timeout(check: _Checker, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        check.fail("[trials].timeout_s", "a number of seconds > 0", value)
+    return float(value)
+
+
+def _merge_profile(check: _Checker, doc: dict[str, Any], profile: str) -> dict[str, Any]:
+    """Overlay `[profiles.<profile>]`. `paper` is the base document itself (plus any overlay).
+
+    A key that the profile fixes leaves the grid, and a key that it varies leaves `fixed`, so a
+    profile can turn a factor into a constant and back.
+    """
+    profiles = check.table("[profiles]", doc.get("profiles", {}))
+    for pname, body in profiles.items():
+        check.keys(f"[profiles.{pname}]", check.table(f"[profiles.{pname}]", body), PROFILE_KEYS)
+    if profile not in profiles and profile != "paper":
+        available = ", ".join(["paper", *sorted(p for p in profiles if p != "paper")])
+        raise InputError(f"{check.path}: [profiles]: no profile {profile!r} (available: {available})")
+    merged = {k: v for k, v in doc.items() if k != "profiles"}
+    overlay = profiles.get(profile, {})
+    fixed = dict(check.table("[fixed]", doc.get("fixed", {})))
+    grid = dict(check.table("[grid]", doc.get("grid", {})))
+    _reject_overlap(check, fixed, grid)
+    for key, value in check.table(f"[profiles.{profile}].fixed", overlay.get("fixed", {})).items():
+        grid.pop(key, None)
+        fixed[key] = value
+    for key, value in check.table(f"[profiles.{profile}].grid", overlay.get("grid", {})).items():
+        fixed.pop(key, None)
+        grid[key] = value
+    merged["fixed"], merged["grid"] = fixed, grid
+    for section in ("trials", "baseline", "report"):
+        base = check.table(f"[{section}]", doc.get(section, {}))
+        extra = check.table(f"[profiles.{profile}].{section}", overlay.get(section, {}))
+        merged[section] = {**base, **extra}
+    return merged
+
+
+def _reject_overlap(check: _Checker, fixed: Mapping[str, Any], grid: Mapping[str, Any]) -> None:
+    for key in fixed:
+        if key in grid:
+            check.fail(f"[fixed].{key}", "a key that is not also in [grid]", show_got=False)
+
+
+def _fixed_and_grid(
+    check: _Checker, doc: dict[str, Any], workload: str
+) -> tuple[dict[str, Value], dict[str, list[Value]]]:
+    raw_fixed = check.table("[fixed]", doc.get("fixed", {}))
+    raw_grid = check.table("[grid]", doc.get("grid", {}))
+    _reject_overlap(check, raw_fixed, raw_grid)
+    fixed = {k: check.setting(workload, f"[fixed].{k}", k, v) for k, v in raw_fixed.items()}
+    grid: dict[str, list[Value]] = {}
+    for key, values in raw_grid.items():
+        if not isinstance(values, list) or not values:
+            check.fail(f"[grid].{key}", "a non-empty list", values)
+        checked = [check.setting(workload, f"[grid].{key}", key, v) for v in values]
+        if len(set(checked)) != len(checked):
+            check.fail(f"[grid].{key}", "a list without repeated values", values)
+        grid[key] = checked
+    if not grid:
+        check.fail("[grid]", "at least one factor with a non-empty list of values", raw_grid)
+    defaults = params.resolve(workload, fixed)
+    return {k: v for k, v in defaults.items() if k not in grid}, grid
+
+
+def _baseline(
+    check: _Checker, doc: dict[str, Any], grid: dict[str, list[Value]], workload: str
+) -> dict[str, Value]:
+    baseline: dict[str, Value] = {}
+    for key, value in check.table("[baseline]", doc.get("baseline", {})).items():
+        if key not in grid:
+            check.fail(f"[baseline].{key}", "a factor of [grid]", key)
+        value = check.setting(workload, f"[baseline].{key}", key, value)
+        if value not in grid[key]:
+            check.fail(f"[baseline].{key}", f"one of the grid values {grid[key]}", value)
+        baseline[key] = value
+    return baseline
+
+
+def _report(
+    check: _Checker, doc: dict[str, Any], grid: dict[str, list[Value]], workload: str
+) -> dict[str, Any]:
+    report = check.table("[report]", doc.get("report", {}))
+    check.keys("[report]", report, REPORT_KEYS)
+    known = params.WORKLOAD_METRICS[workload]
+    primary = report.get("primary", "train_time_s")
+    if primary not in known:
+        check.fail("[report].primary", "a metric name of the workload", primary)
+    metrics = report.get("metrics", [primary])
+    if not isinstance(metrics, list) or not metrics or any(m not in known for m in metrics):
+        check.fail("[report].metrics", "a non-empty list of metric names: " + ", ".join(known), metrics)
+    figure = check.table("[report].figure", report.get("figure", {}))
+    check.keys("[report].figure", figure, {"x", "series"})
+    for role, factor in figure.items():
+        if factor not in grid:
+            check.fail(f"[report].figure.{role}", "a factor of [grid]", factor)
+    return {"primary": primary, "metrics": list(metrics), "figure": dict(figure)}
+
+
+def _references(check: _Checker, doc: dict[str, Any], workload: str) -> list[Reference]:
+    entries = doc.get("reference", [])
+    if not isinstance(entries, list):
+        check.fail("[[reference]]", "an array of tables", entries)
+    known = set(params.WORKLOAD_METRICS[workload]) | set(SPEEDUP_KEYS)
+    refs = []
+    for i, entry in enumerate(entries):
+        key = f"[[reference]] #{i + 1}"
+        entry = check.table(key, entry)
+        check.keys(key, entry, known | {"match", "source", "note"})
+        match = check.table(f"{key}.match", entry.get("match", {}))
+        match = {k: check.setting(workload, f"{key}.match.{k}", k, v) for k, v in match.items()}
+        values = {k: _ref_value(check, f"{key}.{k}", v) for k, v in entry.items() if k in known}
+        if not values:
+            check.fail(key, "at least one metric value", show_got=False)
+        source = check.text(f"{key}.source", entry.get("source"))
+        refs.append(Reference(match, values, source, str(entry.get("note", ""))))
+    return refs
+
+
+def _ref_value(check: _Checker, key: str, value: Any) -> float | tuple[float, float]:
+    def number(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool)
+
+    if number(value):
+        return float(value)
+    if isinstance(value, list) and len(value) == 2 and all(map(number, value)) and value[0] <= value[1]:
+        return (float(value[0]), float(value[1]))
+    check.fail(key, "a number or a range [lo, hi]", value)
+    raise AssertionError  # unreachable: fail() raises
+
+
+def config_id(spec: Spec, settings: Mapping[str, Value]) -> str:
+    """Stable 12-hex id of one config: experiment, workload and every resolved setting."""
+    payload = json.dumps(
+        {"experiment": spec.name, "workload": spec.workload, "params": dict(settings)},
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def configs(spec: Spec) -> list[tuple[str, dict[str, Value], dict[str, Value]]]:
+    """(config_id, factor values, all settings) for every grid point, in grid order."""
+    keys = list(spec.grid)
+    out = []
+    for combo in itertools.product(*(spec.grid[k] for k in keys)):
+        config = dict(zip(keys, combo, strict=True))
+        settings = {k: config.get(k, spec.fixed.get(k)) for k in params.WORKLOAD_PARAMS[spec.workload]}
+        out.append((config_id(spec, settings), config, settings))
+    return out
+
+
+def plan(spec: Spec, trials: int | None = None) -> list[PlannedTrial]:
+    """Every (config, trial) in execution order.
+
+    Trials are interleaved: round t holds trial t of every config, shuffled with a seed derived
+    from `[trials].seed` and t, so slow drift (thermals, noisy neighbours) hits all configs alike.
+    """
+    count = spec.trials if trials is None else trials
+    grid_points = configs(spec)
+    planned: list[PlannedTrial] = []
+    for t in range(count):
+        order = list(grid_points)
+        random.Random(f"{spec.order_seed}:{t}").shuffle(order)
+        for cid, config, settings in order:
+            planned.append(PlannedTrial(len(planned), cid, config, settings, t))
+    return planned
+
+
+def baseline_config(spec: Spec, config: Mapping[str, Value]) -> dict[str, Value] | None:
+    """The config that `config` is compared against, or None when the spec has no baseline."""
+    if not spec.baseline:
+        return None
+    return {**config, **spec.baseline}
+
+
+def to_toml(spec: Spec) -> str:
+    """The resolved spec (profile merged, defaults filled in), as written to DIR/spec.toml."""
+    experiment = {"name": spec.name, "title": spec.title, "workload": spec.workload}
+    experiment |= {"paper": spec.paper, "description": spec.description, "profile": spec.profile}
+    doc: dict[str, Any] = {
+        "experiment": experiment,
+        "fixed": spec.fixed,
+        "grid": spec.grid,
+        "baseline": spec.baseline,
+        "trials": {"count": spec.trials, "seed": spec.order_seed, "timeout_s": spec.timeout_s},
+        "report": {"primary": spec.primary, "metrics": spec.metrics, "figure": spec.figure},
+        "reference": [
+            {"match": r.match, **{k: list(v) if isinstance(v, tuple) else v for k, v in r.values.items()},
+             "source": r.source, "note": r.note}
+            for r in spec.references
+        ],
+    }
+    return tomli_w.dumps(doc)

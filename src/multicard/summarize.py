@@ -1,0 +1,109 @@
+"""Trial records -> tidy numeric tables: one row per trial, and one row per config.
+
+Numbers only; `report` turns them into text and figures. A list-valued metric (one value per
+epoch) enters the per-config statistics as its per-trial mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from multicard import spec as specmod
+from multicard import stats
+from multicard.spec import Spec
+
+# Metrics where larger is better: their speedup is mean(x) / mean(baseline).
+HIGHER_IS_BETTER = frozenset({"throughput_samples_s", "test_accuracy", "gpu_util_mean",
+                              "tokens_per_s_per_gpu"})
+SUMMARY_FIELDS = ("n", "mean", "std", "ci_lo", "ci_hi", "median", "min", "max", "outliers")
+
+
+def scalar(value: Any) -> float:
+    """A metric value as one number: lists by their mean, missing values as NaN."""
+    if isinstance(value, list):
+        numbers = [v for v in value if v is not None]
+        return float(np.mean(numbers)) if numbers else float("nan")
+    return float("nan") if value is None else float(value)
+
+
+def trial_table(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """One row per ok trial of this experiment (the last ok record wins a duplicate)."""
+    factors = list(spec.grid)
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for record in records:
+        if record.get("experiment") != spec.name or record.get("status") != "ok":
+            continue
+        row = {k: record["config"].get(k) for k in factors}
+        row |= {"config_id": record["config_id"], "trial": record["trial"]}
+        row |= {m: scalar(record["metrics"].get(m)) for m in spec.metrics}
+        rows[(record["config_id"], record["trial"])] = row
+    columns = [*factors, "config_id", "trial", *spec.metrics]
+    return pd.DataFrame(list(rows.values()), columns=columns)
+
+
+def failures(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """Every attempt of this experiment that did not end ok, with its cause."""
+    rows = []
+    for r in records:
+        if r.get("experiment") == spec.name and r.get("status") != "ok":
+            error = r.get("error") or {}
+            rows.append({**{k: r["config"].get(k) for k in spec.grid}, "config_id": r["config_id"],
+                         "trial": r["trial"], "status": r["status"],
+                         "error_type": error.get("type"), "message": error.get("message")})
+    return pd.DataFrame(rows, columns=[*spec.grid, "config_id", "trial", "status", "error_type",
+                                       "message"])
+
+
+def config_table(spec: Spec, trials: pd.DataFrame, failed: pd.DataFrame) -> pd.DataFrame:
+    """One row per config in grid order: statistics per metric, speedup, paper values, failures."""
+    rows = []
+    for cid, config, _ in specmod.configs(spec):
+        mine = trials[trials["config_id"] == cid]
+        row: dict[str, Any] = {**config, "config_id": cid}
+        for metric in spec.metrics:
+            summary = stats.summarize(mine[metric].dropna().tolist())
+            row |= {f"{metric}.{f}": getattr(summary, f) for f in SUMMARY_FIELDS}
+        row |= _speedup(spec, trials, config, mine)
+        causes = failed[failed["config_id"] == cid]
+        row["failed"] = len(causes)
+        row["failure_causes"] = sorted(set(causes["status"].tolist()))
+        row["paper"] = _references(spec, config)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _speedup(spec: Spec, trials: pd.DataFrame, config: dict[str, Any],
+             mine: pd.DataFrame) -> dict[str, Any]:
+    base_config = specmod.baseline_config(spec, config)
+    if base_config is None:
+        return {}
+    if base_config == config:
+        return {"baseline": True}
+    base_id = next(cid for cid, c, _ in specmod.configs(spec) if c == base_config)
+    base = trials[trials["config_id"] == base_id][spec.primary].dropna().tolist()
+    other = mine[spec.primary].dropna().tolist()
+    if spec.primary in HIGHER_IS_BETTER:
+        base, other = other, base
+    ratio = stats.ratio_of_means(base, other)
+    # time reduction and gain are increasing functions of the ratio, so the CI maps end to end
+    return {
+        "baseline": False,
+        "speedup": ratio.value, "speedup.lo": ratio.ci_lo, "speedup.hi": ratio.ci_hi,
+        "time_reduction": stats.time_reduction(ratio.value),
+        "time_reduction.lo": stats.time_reduction(ratio.ci_lo),
+        "time_reduction.hi": stats.time_reduction(ratio.ci_hi),
+        "gain": stats.gain(ratio.value), "gain.lo": stats.gain(ratio.ci_lo),
+        "gain.hi": stats.gain(ratio.ci_hi),
+    }
+
+
+def _references(spec: Spec, config: dict[str, Any]) -> dict[str, float | tuple[float, float]]:
+    values: dict[str, float | tuple[float, float]] = {}
+    for ref in spec.references:
+        if ref.applies_to({**spec.fixed, **config}):
+            values |= ref.values
+    return values

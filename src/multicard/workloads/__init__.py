@@ -1,0 +1,1 @@
+"""Rank entry points started by torchrun (vision) or tune run (llm)."""

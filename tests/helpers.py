@@ -1,0 +1,33 @@
+"""Test helpers: repository paths and a tiny CPU vision spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tomli_w
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "data"
+EXPERIMENTS = ROOT / "experiments"
+
+# Small enough that a 2-rank gloo trial takes a few seconds on 2 cores.
+TINY_FIXED = {
+    "device": "cpu", "image_size": 32, "epochs": 2, "max_steps": 3, "batch_size": 8,
+    "num_workers": 0, "warmup_steps": 1, "train_subset": 256, "test_subset": 64,
+}
+
+
+def write_spec(directory: Path, name: str = "tiny", fixed: dict | None = None,
+               grid: dict | None = None, trials: dict | None = None, **sections: dict) -> Path:
+    """A valid vision spec file `<directory>/<name>.toml` (sections override the defaults)."""
+    doc = {
+        "experiment": {"name": name, "title": f"{name} test experiment", "workload": "vision"},
+        "fixed": TINY_FIXED if fixed is None else fixed,
+        "grid": grid or {"precision": ["fp32", "bf16"]},
+        "trials": trials or {"count": 1, "timeout_s": 300},
+        **sections,
+    }
+    path = directory / f"{name}.toml"
+    path.write_text(tomli_w.dumps(doc))
+    return path
+

@@ -1,0 +1,82 @@
+"""The command line as users call it: exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import EXPERIMENTS, ROOT, write_spec
+from tests.unit.test_report import constructed_run
+
+
+def multicard(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "multicard", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_plan_json_lists_every_trial_in_order() -> None:
+    result = multicard("plan", str(EXPERIMENTS / "table2_precision.toml"), "--profile", "smoke",
+                       "--json")
+    assert result.returncode == 0
+    plan = json.loads(result.stdout)
+    assert len(plan) == 20
+    assert set(plan[0]) == {"config_id", "config", "trial"}
+    assert [p["trial"] for p in plan] == [0] * 10 + [1] * 10
+
+
+def test_plan_prints_the_cost_estimate() -> None:
+    result = multicard("plan", str(EXPERIMENTS / "table2_precision.toml"), "--trials", "3")
+    assert result.returncode == 0
+    assert "3 trial(s) x 20 configs = 60 trials; estimated" in result.stdout
+    assert "GPU-hours" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("sections", "key"),
+    [({"fixed": {"device": "cpu", "colour": "red"}}, "[fixed].colour"),
+     ({"fixed": {"device": "cpu", "epochs": "2"}}, "[fixed].epochs"),
+     ({"grid": {"precision": []}}, "[grid].precision")],
+)
+def test_bad_specs_exit_2_with_one_line(tmp_path: Path, sections: dict, key: str) -> None:
+    path = write_spec(tmp_path, **sections)
+    for command in ("plan", "run"):
+        result = multicard(command, str(path), "--out", str(tmp_path / "o")) if command == "run" \
+            else multicard(command, str(path))
+        assert result.returncode == 2
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(path) in lines[0] and key in lines[0]
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_bad_arguments_exit_2_with_one_line(tmp_path: Path) -> None:
+    for args in (["plan"], ["plan", "x.toml", "--trials", "0"], ["frobnicate"],
+                 ["plan", str(EXPERIMENTS / "table2_precision.toml"), "--profile", "nope"],
+                 ["verify", str(tmp_path / "missing")]):
+        result = multicard(*args)
+        assert result.returncode == 2, args
+        assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+
+
+def test_report_then_verify_then_tamper(tmp_path: Path) -> None:
+    run = constructed_run(tmp_path / "run")
+    assert multicard("report", str(run)).returncode == 0
+    assert (run / "REPORT.md").exists()
+    ok = multicard("verify", str(run))
+    assert ok.returncode == 0 and "all files match" in ok.stdout
+    with (run / "trials.jsonl").open("ab") as f:
+        f.write(b"\x00")
+    bad = multicard("verify", str(run))
+    assert bad.returncode == 1
+    assert bad.stdout.splitlines() == ["CHANGED: trials.jsonl"]
+
+
+def test_env_and_data_verify() -> None:
+    env = multicard("env")
+    assert env.returncode == 0 and json.loads(env.stdout)["schema"] == 1
+    data = multicard("data", "verify")
+    assert data.returncode == 0 and "all 4 MNIST files match" in data.stdout

@@ -1,0 +1,63 @@
+"""A real 2-rank gloo trial of the vision workload, launched the way `multicard run` launches it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from multicard import runner, spec, store
+from tests.helpers import DATA, write_spec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("vision")
+    path = write_spec(directory, grid={"precision": ["fp32"], "gpus": [2]})
+    outcome = runner.run(spec.load(path), directory / "run", data_dir=DATA, echo=lambda _: None)
+    assert (outcome.ok, outcome.failed) == (1, 0)
+    return directory / "run"
+
+
+def test_record_and_raw_files(finished_run: Path) -> None:
+    [record] = store.read(finished_run / "trials.jsonl")
+    assert record["status"] == "ok" and record["error"] is None
+    assert record["config"] == {"precision": "fp32", "gpus": 2}
+    raw = f"raw/{record['config_id']}-t0-a0/"
+    assert {raw + f for f in ("launch.json", "result.json", "stderr.log", "stdout.log")} <= set(
+        record["artifacts"])
+    assert record["wall_s"] > record["metrics"]["train_time_s"] > 0
+    assert (finished_run / "spec.toml").exists() and (finished_run / "env.json").exists()
+
+
+def test_metrics_are_plausible(finished_run: Path) -> None:
+    [record] = store.read(finished_run / "trials.jsonl")
+    m = record["metrics"]
+    assert m["throughput_samples_s"] > 0
+    # 2 ranks x 3 steps x 8 images x 2 epochs were trained in train_time_s
+    assert m["throughput_samples_s"] * m["train_time_s"] == pytest.approx(96)
+    assert 0.0 <= m["test_accuracy"] <= 1.0
+    assert len(m["epoch_time_s"]) == 2 and len(m["first_batch_latency_s"]) == 2
+    assert sum(m["epoch_time_s"]) == pytest.approx(m["train_time_s"], rel=0.05, abs=0.05)
+    assert 0.0 < m["step_time_median_s"] < m["train_time_s"]
+    assert 0.0 <= m["data_wait_fraction"] <= 1.0
+    assert m["peak_mem_bytes"] > 10 * 2**20
+    assert m["h2d_time_s"] is None and m["gpu_util_mean"] is None  # CPU run: nothing to measure
+
+
+def test_result_records_ranks_flags_and_test_set(finished_run: Path) -> None:
+    [record] = store.read(finished_run / "trials.jsonl")
+    result = json.loads((finished_run / f"raw/{record['config_id']}-t0-a0/result.json").read_text())
+    assert result["world_size"] == 2 and [r["rank"] for r in result["ranks"]] == [0, 1]
+    assert len({r["pid"] for r in result["ranks"]}) == 2
+    assert result["tf32_flags"] == {"cuda_matmul_allow_tf32": False, "cudnn_allow_tf32": False}
+    assert result["test_images"] == 64  # the whole (subset) test set, split over the ranks
+    assert result["steps_per_epoch"] == 3
+    assert result["pin_memory_effective"] is False
+    timeline = result["timeline"]
+    order = ["process_start", "imported", "dist_ready", "data_ready", "model_ready", "warmup_done",
+             "train_done", "eval_done"]
+    assert [timeline[k] for k in order] == sorted(timeline[k] for k in order)

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from multicard import artifact
+
+
+def make_run(root: Path) -> Path:
+    (root / "raw" / "a1-t0-a0").mkdir(parents=True)
+    (root / "raw" / "a1-t0-a0" / "stdout.log").write_text("hello\n")
+    (root / "trials.jsonl").write_text('{"a": 1}\n')
+    (root / "tables").mkdir()
+    (root / "tables" / "t.md").write_text("| a |\n")
+    (root / "trials.jsonl.lock").write_text("")  # coordination state, never listed
+    artifact.write_checksums(root)
+    return root
+
+
+def test_checksums_pass_coreutils_and_our_verify(tmp_path: Path) -> None:
+    root = make_run(tmp_path)
+    listed = (root / "SHA256SUMS").read_text().splitlines()
+    assert [line.split("  ", 1)[1] for line in listed] == [
+        "raw/a1-t0-a0/stdout.log", "tables/t.md", "trials.jsonl"]
+    subprocess.run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=root, check=True)
+    assert artifact.verify(root).ok
+
+
+@pytest.mark.parametrize("name", ["raw/a1-t0-a0/stdout.log", "tables/t.md", "trials.jsonl"])
+def test_one_appended_byte_is_named(tmp_path: Path, name: str) -> None:
+    root = make_run(tmp_path)
+    with (root / name).open("ab") as f:
+        f.write(b"x")
+    result = artifact.verify(root)
+    assert result.changed == [name] and not result.missing and not result.unlisted
+
+
+@pytest.mark.parametrize("byte", [b"x", b"\n", b" "])
+def test_one_byte_appended_to_the_sums_file_itself_is_caught(tmp_path: Path, byte: bytes) -> None:
+    root = make_run(tmp_path)
+    with (root / "SHA256SUMS").open("ab") as f:
+        f.write(byte)
+    result = artifact.verify(root)
+    assert not result.ok
+    assert any("SHA256SUMS" in m for m in result.malformed)
+
+
+def test_missing_and_unlisted_files_are_named(tmp_path: Path) -> None:
+    root = make_run(tmp_path)
+    (root / "tables" / "t.md").unlink()
+    (root / "extra.txt").write_text("new")
+    result = artifact.verify(root)
+    assert result.missing == ["tables/t.md"]
+    assert result.unlisted == ["extra.txt"]
+    assert not result.changed
+
+
+def test_names_with_backslash_or_newline_use_coreutils_escaping(tmp_path: Path) -> None:
+    (tmp_path / "we\\ird\nname").write_text("x")
+    artifact.write_checksums(tmp_path)
+    assert (tmp_path / "SHA256SUMS").read_text().startswith("\\")
+    assert artifact.verify(tmp_path).ok
+    subprocess.run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=tmp_path, check=True)
+
+
+def test_no_sums_file_is_a_failed_check(tmp_path: Path) -> None:
+    assert artifact.verify(tmp_path).missing == ["SHA256SUMS"]
+
+
+def test_env_capture_has_the_fields_reviewers_need(tmp_path: Path) -> None:
+    env = artifact.capture_env(tmp_path)
+    json.dumps(env)  # serialisable
+    assert env["python"].count(".") == 2
+    assert env["cpu"]["logical_cpus"] >= 1
+    assert env["numa_nodes"] and env["numa_nodes"][0]["cpus"]
+    assert env["storage"]["fstype"]
+    assert isinstance(env["gpus"], list)
+    assert "multicard" in env["packages"]

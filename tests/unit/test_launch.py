@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import multicard
+from multicard import launch, params
+
+
+def test_single_node_uses_standalone_rendezvous() -> None:
+    argv = launch.torchrun_argv("pkg.mod", ["--x", "1"], nproc_per_node=2)
+    assert argv == [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node=2", "-m", "pkg.mod", "--x", "1"]
+
+
+def test_multi_node_uses_c10d_at_the_endpoint() -> None:
+    argv = launch.torchrun_argv("m", [], nproc_per_node=4, nnodes=2, rdzv_endpoint="node1:29500",
+                                rdzv_id="job7")
+    assert "--standalone" not in argv
+    assert argv[3:7] == ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node1:29500",
+                         "--rdzv-id=job7"]
+    with pytest.raises(ValueError, match="rendezvous"):
+        launch.torchrun_argv("m", [], nproc_per_node=4, nnodes=2)
+
+
+def test_vision_argv_passes_every_setting(tmp_path: Path) -> None:
+    settings = params.resolve("vision", {"gpus": 3, "precision": "fp16"})
+    argv = launch.vision_argv(settings, tmp_path / "t", tmp_path / "data")
+    assert "--nproc-per-node=3" in argv
+    tail = argv[argv.index("multicard.workloads.vision") + 1:]
+    assert tail[:4] == ["--out", str(tmp_path / "t"), "--data-dir", str(tmp_path / "data")]
+    assert tail[4:] == params.to_flags(settings)
+
+
+def test_trial_env_drops_tf32_override_and_shares_cores() -> None:
+    base = {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1", "PATH": "/bin", "PYTHONPATH": "/a"}
+    env = launch.trial_env(base, ranks_per_node=2, cpu_count=8)
+    assert "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE" not in env
+    assert env["OMP_NUM_THREADS"] == "4" and env["PYTHONUNBUFFERED"] == "1"
+    package_root = str(Path(multicard.__file__).resolve().parents[1])
+    assert env["PYTHONPATH"].split(os.pathsep) == [package_root, "/a"]
+    assert launch.trial_env({"OMP_NUM_THREADS": "7"}, 2, 8)["OMP_NUM_THREADS"] == "7"
+    assert launch.trial_env({}, 4, 2)["OMP_NUM_THREADS"] == "1"

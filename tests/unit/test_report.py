@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from multicard import report, spec, store
+from tests.helpers import EXPERIMENTS
+
+# train_time_s per (precision, gpus) -> two trials; fp64 is the baseline
+TIMES = {("fp64", 1): [10.0, 12.0], ("fp32", 1): [5.0, 6.0], ("fp16", 2): [4.0, 4.0]}
+
+
+def constructed_run(directory: Path) -> Path:
+    """A run directory with hand-made records: no training, known numbers."""
+    s = spec.load(EXPERIMENTS / "table2_precision.toml", "smoke")
+    directory.mkdir(parents=True)
+    (directory / "spec.toml").write_text(spec.to_toml(s))
+    (directory / "env.json").write_text(json.dumps({"host": "h", "cpu": {"model": "cpu"}}))
+    ids = {tuple(c.values()): cid for cid, c, _ in spec.configs(s)}
+    for (prec, gpus), times in TIMES.items():
+        for trial, t in enumerate(times):
+            store.append(directory / "trials.jsonl", {
+                "schema": 1, "experiment": s.name, "config_id": ids[(prec, gpus)],
+                "config": {"precision": prec, "gpus": gpus}, "trial": trial, "status": "ok",
+                "started": "2026-01-01T00:00:00+00:00", "wall_s": t + 5,
+                "metrics": {"train_time_s": t, "test_accuracy": 0.5, "epoch_time_s": [t]},
+                "error": None, "artifacts": []})
+    store.append(directory / "trials.jsonl", {
+        "schema": 1, "experiment": s.name, "config_id": ids[("bf16", 2)],
+        "config": {"precision": "bf16", "gpus": 2}, "trial": 0, "status": "oom",
+        "started": "2026-01-01T00:00:00+00:00", "wall_s": 3.0, "metrics": {},
+        "error": {"type": "OutOfMemoryError", "message": "CUDA out of memory", "stderr_tail": ""},
+        "artifacts": []})
+    return directory
+
+
+@pytest.fixture
+def reported(tmp_path: Path) -> Path:
+    run = constructed_run(tmp_path / "run")
+    report.write_report([run], run)
+    return run
+
+
+def rows(markdown: str) -> dict[tuple[str, str], list[str]]:
+    lines = [line for line in markdown.splitlines() if line.startswith("|")][2:]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    return {(c[0], c[1]): c for c in cells}
+
+
+def test_markdown_table_shows_n_mean_sd_ci_and_speedups(reported: Path) -> None:
+    md = (reported / "tables" / "table2_precision.md").read_text()
+    header = md.splitlines()[0]
+    assert "train time (s) mean ± sd [95% CI]" in header
+    assert "speedup vs precision=fp64 (x) [95% CI]" in header and "gain (%)" in header
+    table = rows(md)
+    fp64, fp32 = table[("fp64", "1")], table[("fp32", "1")]
+    assert fp64[2] == "2"
+    # mean 11, sd sqrt(2) = 1.414, t(0.975,1) * sd / sqrt(2) = 12.71
+    assert fp64[3] == "11 ± 1.414 [-1.706, 23.71]"
+    assert "baseline" in fp64
+    # 11 / 5.5 = 2; bootstrap ends 10/6 and 12/5; reduction 50 %, gain 100 %
+    assert "2 [1.67, 2.4]" in fp32
+    assert "50.00 [40.00, 58.33]" in fp32
+    assert "100.00 [66.67, 140.00]" in fp32
+    assert "gain 54–68 %" in fp32
+
+
+def test_failures_and_paper_values_are_shown(reported: Path) -> None:
+    table = rows((reported / "tables" / "table2_precision.md").read_text())
+    assert table[("bf16", "2")][-1] == "1 (oom)"
+    assert table[("bf16", "2")][2] == "0"
+    assert "test acc. (%) 97.94" in " ".join(table[("fp16", "2")])
+    text = (reported / "REPORT.md").read_text()
+    assert "**oom** OutOfMemoryError: CUDA out of memory" in text
+    assert "6 of 20 planned trials ok, 1 failed attempt(s)" in text
+
+
+def test_csv_keeps_raw_numbers_and_tex_is_a_booktabs_table(reported: Path) -> None:
+    import pandas as pd
+
+    table = pd.read_csv(reported / "tables" / "table2_precision.csv")
+    fp32 = table[(table.precision == "fp32") & (table.gpus == 1)].iloc[0]
+    assert fp32["train_time_s.mean"] == 5.5 and fp32["train_time_s.n"] == 2
+    assert fp32["speedup"] == pytest.approx(2.0)
+    trials = pd.read_csv(reported / "tables" / "table2_precision_trials.csv")
+    assert sorted(trials["train_time_s"]) == sorted(t for ts in TIMES.values() for t in ts)
+    tex = (reported / "tables" / "table2_precision.tex").read_text()
+    assert "\\toprule" in tex and "\\bottomrule" in tex
+
+
+def test_report_writes_figure_and_checksums_that_verify(reported: Path) -> None:
+    from multicard import artifact
+
+    assert (reported / "figures" / "table2_precision.png").read_bytes()[:4] == b"\x89PNG"
+    assert artifact.verify(reported).ok
+
+
+def test_a_collection_of_runs_is_reported_at_its_top(tmp_path: Path) -> None:
+    constructed_run(tmp_path / "all" / "one")
+    constructed_run(tmp_path / "all" / "two")
+    report.write_report([tmp_path / "all"], tmp_path / "all")
+    tables = sorted(p.name for p in (tmp_path / "all" / "tables").glob("*.md"))
+    assert tables == ["table2_precision-2.md", "table2_precision.md"]
+    assert not (tmp_path / "all" / "one" / "tables").exists()
+
+
+def test_directory_without_runs_is_bad_input(tmp_path: Path) -> None:
+    from multicard.errors import InputError
+
+    with pytest.raises(InputError, match="no run directory"):
+        report.discover_runs(tmp_path)

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from multicard import runner
+from multicard.spec import PlannedTrial
+
+RESULT = {"metrics": {"train_time_s": 1.0}}
+
+
+def test_ok_needs_exit_zero_and_a_result() -> None:
+    assert runner.classify(0, False, "", RESULT, 60) == ("ok", None)
+    status, error = runner.classify(0, False, "", None, 60)
+    assert status == "failed" and error["message"] == "exit status 0 but no result.json was written"
+
+
+def test_timeout_wins_over_everything() -> None:
+    status, error = runner.classify(-9, True, "RuntimeError: boom", None, 90)
+    assert status == "timeout" and error["message"] == "killed after 90 s"
+
+
+def test_out_of_memory_is_its_own_status() -> None:
+    tail = ("[rank1]: Traceback (most recent call last):\n"
+            "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
+    status, error = runner.classify(1, False, tail, None, 60)
+    assert status == "oom"
+    assert error["type"] == "OutOfMemoryError"
+    assert error["message"].startswith("CUDA out of memory")
+
+
+def test_failure_names_the_root_exception_not_torchruns_summary() -> None:
+    tail = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+            "Traceback (most recent call last):\n"
+            "multicard.errors.InputError: data/mnist/x.gz: missing MNIST file\n")
+    status, error = runner.classify(1, False, tail, None, 60)
+    assert (status, error["type"]) == ("failed", "InputError")
+    assert error["message"] == "data/mnist/x.gz: missing MNIST file"
+    assert error["stderr_tail"] == tail
+
+
+def test_failure_without_a_traceback_reports_the_signal() -> None:
+    status, error = runner.classify(-11, False, "", None, 60)
+    assert (status, error["type"], error["message"]) == ("failed", "ExitCode", "killed by signal 11")
+
+
+def test_attempt_directories_are_never_reused(tmp_path: Path) -> None:
+    planned = PlannedTrial(0, "abc", {}, {}, 1)
+    first, a0 = runner._trial_dir(tmp_path, planned)
+    second, a1 = runner._trial_dir(tmp_path, planned)
+    assert (a0, a1) == (0, 1)
+    assert first.name == "abc-t1-a0" and second.name == "abc-t1-a1"
+
+
+def test_durations_read_like_a_person_would_write_them() -> None:
+    assert runner.format_duration(5.4) == "5s"
+    assert runner.format_duration(125) == "2m 05s"
+    assert runner.format_duration(3 * 3600 + 62) == "3h 01m"
