@@ -24,7 +24,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from multicard import artifact, cost, launch, store
+from multicard import artifact, cost, launch, store, telemetry
 from multicard import spec as specmod
 from multicard.data import mnist
 from multicard.errors import InputError
@@ -96,18 +96,48 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
          f"estimated {format_duration(sum(estimates))}")
     ok = failed = 0
     walls: list[float] = []
+    gpus_here = _check_devices(spec, todo)
     for index, planned_trial in enumerate(todo):
-        record = run_trial(spec, planned_trial, out, data_dir)
+        needed = int(planned_trial.params["gpus"])
+        if planned_trial.params["device"] == "cuda" and needed > gpus_here:
+            record = skipped_record(spec, planned_trial, "NotEnoughGPUs",
+                                    f"needs {needed} GPUs per node, {gpus_here} visible")
+        else:
+            record = run_trial(spec, planned_trial, out, data_dir)
         store.append(trials_file, record)
-        walls.append(record["wall_s"])
+        if record["status"] != "skipped":
+            walls.append(record["wall_s"])
         ok += record["status"] == "ok"
         failed += record["status"] != "ok"
         remaining = len(todo) - index - 1
-        eta = sum(walls) / len(walls) * remaining
+        eta = sum(walls) / len(walls) * remaining if walls else 0.0
         echo(f"[{index + 1:>{len(str(len(todo)))}}/{len(todo)}] {describe(planned_trial)}: "
              f"{record['status']} in {record['wall_s']:.1f} s | ETA {format_duration(eta)}")
     echo(f"{spec.name}: {ok} ok, {failed} not ok; records in {trials_file}")
     return RunOutcome(out, len(todo), ok, failed, len(planned) - len(todo))
+
+
+def _check_devices(spec: Spec, todo: list[PlannedTrial]) -> int:
+    """Visible GPUs; bad input when the plan needs CUDA and there is none at all."""
+    if not any(p.params["device"] == "cuda" for p in todo):
+        return 0
+    count = telemetry.visible_gpu_count()
+    if count == 0:
+        raise InputError(f"{spec.path}: device = 'cuda' but no GPU is visible here "
+                         "(the smoke profile runs on CPU: --profile smoke)")
+    return count
+
+
+def skipped_record(spec: Spec, planned: PlannedTrial, kind: str, message: str) -> dict[str, Any]:
+    """A trial that was not launched because this machine cannot run it."""
+    return {
+        "schema": store.SCHEMA, "experiment": spec.name, "config_id": planned.config_id,
+        "config": planned.config, "trial": planned.trial, "attempt": None, "order": planned.order,
+        "seed": int(planned.params["seed"]) + planned.trial, "profile": spec.profile,
+        "status": "skipped", "started": utc_now(), "started_unix": round(time.time(), 3),
+        "wall_s": 0.0, "metrics": {}, "error": {"type": kind, "message": message, "stderr_tail": ""},
+        "artifacts": [], "returncode": None,
+    }
 
 
 def describe(planned: PlannedTrial) -> str:

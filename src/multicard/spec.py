@@ -16,7 +16,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import tomli_w
 
@@ -82,7 +82,7 @@ class _Checker:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def fail(self, key: str, expected: str, got: Any = None, *, show_got: bool = True) -> None:
+    def fail(self, key: str, expected: str, got: Any = None, *, show_got: bool = True) -> NoReturn:
         suffix = f", got {got!r}" if show_got else ""
         raise InputError(f"{self.path}: {key}: expected {expected}{suffix}")
 
@@ -108,7 +108,7 @@ class _Checker:
         checked = params.check_value(table[name], value)
         if checked is None:
             self.fail(key, table[name].describe(), value)
-        return checked  # type: ignore[return-value]
+        return checked
 
 
 def load(path: str | Path, profile: str = "paper") -> Spec:
@@ -294,7 +294,6 @@ def _ref_value(check: _Checker, key: str, value: Any) -> float | tuple[float, fl
     if isinstance(value, list) and len(value) == 2 and all(map(number, value)) and value[0] <= value[1]:
         return (float(value[0]), float(value[1]))
     check.fail(key, "a number or a range [lo, hi]", value)
-    raise AssertionError  # unreachable: fail() raises
 
 
 def config_id(spec: Spec, settings: Mapping[str, Value]) -> str:
@@ -312,7 +311,8 @@ def configs(spec: Spec) -> list[tuple[str, dict[str, Value], dict[str, Value]]]:
     out = []
     for combo in itertools.product(*(spec.grid[k] for k in keys)):
         config = dict(zip(keys, combo, strict=True))
-        settings = {k: config.get(k, spec.fixed.get(k)) for k in params.WORKLOAD_PARAMS[spec.workload]}
+        settings = {k: config[k] if k in config else spec.fixed[k]
+                    for k in params.WORKLOAD_PARAMS[spec.workload]}
         out.append((config_id(spec, settings), config, settings))
     return out
 

@@ -10,10 +10,10 @@ Iglewicz & Hoaglin), never dropped.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import stats as sps
 
 CONFIDENCE = 0.95
@@ -47,7 +47,7 @@ class Ratio:
 NAN = float("nan")
 
 
-def summarize(values: Sequence[float]) -> Summary:
+def summarize(values: ArrayLike) -> Summary:
     """n, mean, std (ddof=1), t-based 95% CI, median, min, max, outlier count. NaN where undefined."""
     x = np.asarray(values, dtype=float)
     n = len(x)
@@ -60,7 +60,7 @@ def summarize(values: Sequence[float]) -> Summary:
                    count_outliers(x))
 
 
-def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+def mean_ci(values: ArrayLike, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """Student-t interval of the mean; (NaN, NaN) for fewer than two values."""
     x = np.asarray(values, dtype=float)
     n = len(x)
@@ -70,7 +70,7 @@ def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[fl
     return float(x.mean() - half), float(x.mean() + half)
 
 
-def count_outliers(values: Sequence[float]) -> int:
+def count_outliers(values: ArrayLike) -> int:
     """Values whose modified z-score 0.6745 * |x - median| / MAD exceeds 3.5 (none if MAD is 0)."""
     x = np.asarray(values, dtype=float)
     if len(x) < 3:
@@ -83,7 +83,7 @@ def count_outliers(values: Sequence[float]) -> int:
 
 
 def ratio_of_means(
-    baseline: Sequence[float], other: Sequence[float], seed: int = 0,
+    baseline: ArrayLike, other: ArrayLike, seed: int = 0,
     resamples: int = BOOTSTRAP_RESAMPLES,
 ) -> Ratio:
     """mean(baseline)/mean(other) with a percentile-bootstrap 95% CI (scipy.stats.bootstrap,

@@ -10,10 +10,10 @@ class GpuUtilSampler:
     """Samples `nvmlDeviceGetUtilizationRates(...).gpu` every `period_s` in a daemon thread.
 
     NVML counts the share of time in which at least one kernel ran, so it shows idle gaps (data
-    stalls, pre-epoch pauses), not how full the SMs were.
+    stalls, pre-epoch pauses), not how full the SMs were. `uuid=None` (a CPU run) samples nothing.
     """
 
-    def __init__(self, uuid: str, period_s: float = 0.1) -> None:
+    def __init__(self, uuid: str | None, period_s: float = 0.1) -> None:
         self.uuid = uuid
         self.period_s = period_s
         self.samples: list[int] = []
@@ -21,10 +21,15 @@ class GpuUtilSampler:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> GpuUtilSampler:
-        import pynvml
+        if self.uuid is None:
+            return self
+        try:
+            import pynvml
 
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByUUID(self.uuid)
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByUUID(self.uuid)
+        except Exception:  # no NVML, or a device it cannot name (MIG): report no utilisation
+            return self
         self._thread = threading.Thread(target=self._sample, args=(pynvml, handle), daemon=True)
         self._thread.start()
         return self
@@ -43,3 +48,21 @@ class GpuUtilSampler:
     def mean(self) -> float | None:
         """Mean utilisation as a fraction in [0, 1], or None with no samples."""
         return sum(self.samples) / len(self.samples) / 100.0 if self.samples else None
+
+
+def visible_gpu_count() -> int:
+    """GPUs this process may use: NVML's count, narrowed by CUDA_VISIBLE_DEVICES; 0 without a driver."""
+    import os
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = int(pynvml.nvmlDeviceGetCount())
+        pynvml.nvmlShutdown()
+    except Exception:  # no driver or no library: no usable GPU
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return count
+    return min(count, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))

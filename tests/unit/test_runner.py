@@ -56,3 +56,33 @@ def test_durations_read_like_a_person_would_write_them() -> None:
     assert runner.format_duration(5.4) == "5s"
     assert runner.format_duration(125) == "2m 05s"
     assert runner.format_duration(3 * 3600 + 62) == "3h 01m"
+
+
+def test_cuda_plan_on_a_machine_without_gpus_is_bad_input(tmp_path: Path) -> None:
+    import pytest
+
+    from multicard import spec, telemetry
+    from multicard.errors import InputError
+    from tests.helpers import write_spec
+
+    if telemetry.visible_gpu_count():
+        pytest.skip("this machine has a GPU")
+    path = write_spec(tmp_path, fixed={"device": "cuda"})
+    with pytest.raises(InputError, match="no GPU is visible"):
+        runner.run(spec.load(path), tmp_path / "run", echo=lambda _: None)
+    assert not (tmp_path / "run" / "trials.jsonl").exists()
+
+
+def test_configs_needing_more_gpus_than_visible_are_skipped(tmp_path: Path, monkeypatch) -> None:
+    from multicard import spec, store, telemetry
+    from tests.helpers import write_spec
+
+    monkeypatch.setattr(telemetry, "visible_gpu_count", lambda: 1)  # a 1-GPU node
+    path = write_spec(tmp_path, fixed={"device": "cuda"}, grid={"gpus": [2, 4]})
+    outcome = runner.run(spec.load(path), tmp_path / "run", echo=lambda _: None)
+    assert (outcome.ran, outcome.ok, outcome.failed) == (2, 0, 2)
+    records = store.read(tmp_path / "run" / "trials.jsonl")
+    assert [r["status"] for r in records] == ["skipped", "skipped"]
+    assert {r["error"]["message"] for r in records} == {"needs 2 GPUs per node, 1 visible",
+                                                        "needs 4 GPUs per node, 1 visible"}
+    assert not (tmp_path / "run" / "raw").exists()  # nothing was launched

@@ -7,13 +7,13 @@ an `InputError` that names it, never a silently different dataset. Only numpy is
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from multicard.artifact import sha256_file
 from multicard.errors import InputError
 
 SHA256 = {
@@ -43,14 +43,6 @@ def default_root() -> Path:
     if (here / "mnist").is_dir():
         return here
     return Path(__file__).resolve().parents[3] / "data"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def verify(mnist_dir: Path) -> None:

@@ -144,8 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     mnist_dir = args.data_dir / "mnist"
     train_set = UpsampledMNIST(mnist.load(mnist_dir, "train", args.train_subset), args.image_size)
     test_set = UpsampledMNIST(mnist.load(mnist_dir, "test", args.test_subset), args.image_size)
-    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True,
-                                 seed=args.seed)
+    sampler: DistributedSampler[tuple[torch.Tensor, int]] = DistributedSampler(
+        train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     # pin_memory needs an accelerator; on CPU it is turned off here once instead of letting
     # every DataLoader warn about it.
     pin_memory = args.pin_memory and cuda
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     epoch_times, first_waits, waits, step_times, h2d_ms = [], [], [], [], []
     samples = 0
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
-    util = GpuUtilSampler(gpu_uuid(device)) if cuda else nullcontext()
+    util = GpuUtilSampler(gpu_uuid(device) if cuda else None)
     with util:
         t_train = time.perf_counter()
         for epoch in range(args.epochs):
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
         "samples": samples,
         "loss_mean": loss_sum.item() / max(1, args.epochs * steps_per_epoch),
         "peak_mem_bytes": peak_memory_bytes(device),
-        "gpu_util_mean": util.mean() if cuda else None,
+        "gpu_util_mean": util.mean(),
         "host": os.uname().nodename,
         "pid": os.getpid(),
     }
