@@ -95,6 +95,24 @@ def table2(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def table3(session: nox.Session) -> None:
+    """Table 3 (pin_memory on/off, Scenario A) on GPUs; -- ARGS to `multicard run`."""
+    _paper_session(session, "table3_pin_memory")
+
+
+@nox.session(python=False)
+def figure6(session: nox.Session) -> None:
+    """Figure 6 (DataLoader vs DALI vs synthetic, Scenario B 300/500) on GPUs; -- ARGS to run."""
+    _paper_session(session, "figure6_loaders")
+
+
+@nox.session(python=False)
+def nhwc(session: nox.Session) -> None:
+    """Figure 9 (NCHW vs NHWC with DataLoader and DALI, Scenario B) on GPUs; -- ARGS to run."""
+    _paper_session(session, "nhwc_layout")
+
+
+@nox.session(python=False)
 def verify(session: nox.Session) -> None:
     """Check SHA256SUMS of the given run directories (default: every run under artifact/runs/)."""
     python = dev_python(session)
@@ -108,6 +126,7 @@ def verify(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def bench(session: nox.Session) -> None:
-    """benchmarks/: harness overhead of a smoke trial and the smoke run's wall time."""
+    """benchmarks/: harness overhead of a smoke trial; loader images/s vs the bound and a copy."""
     python = dev_python(session)
-    session.run(python, str(ROOT / "benchmarks" / "harness_overhead.py"), *session.posargs)
+    session.run(python, str(ROOT / "benchmarks" / "harness_overhead.py"))
+    session.run(python, str(ROOT / "benchmarks" / "loader_throughput.py"))

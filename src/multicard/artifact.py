@@ -35,14 +35,18 @@ _SUM_LINE = re.compile(r"^(\\?)([0-9a-f]{64}) [ *](.+)$")
 
 # --- checksums ------------------------------------------------------------------------------
 
-def _listed_files(root: Path) -> list[str]:
+def _listed_files(root: Path, sums_name: str = SUMS_FILE, ignore: tuple[str, ...] = ()) -> list[str]:
     files = []
     for path in root.rglob("*"):
         if path.is_file() and not path.is_symlink() and not path.name.endswith(LOCK_SUFFIX):
             rel = path.relative_to(root).as_posix()
-            if rel != SUMS_FILE:
+            if rel != sums_name and rel not in ignore:
                 files.append(rel)
     return sorted(files)
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def sha256_file(path: Path) -> str:
@@ -96,25 +100,26 @@ def read_checksums(sums: Path) -> tuple[dict[str, str], list[str]]:
     problems: list[str] = []
     text = sums.read_bytes().decode("utf-8", errors="replace")
     if text and not text.endswith("\n"):
-        problems.append(f"{SUMS_FILE}: last line is not terminated")
+        problems.append(f"{sums.name}: last line is not terminated")
     for number, line in enumerate(text.split("\n")[:-1] if text.endswith("\n") else text.split("\n"), 1):
         match = _SUM_LINE.match(line)
         if not match:
-            problems.append(f"{SUMS_FILE}: line {number} is not '<sha256>  <path>'")
+            problems.append(f"{sums.name}: line {number} is not '<sha256>  <path>'")
             continue
         name = _unescape(match.group(3)) if match.group(1) else match.group(3)
         listed[name] = match.group(2)
     return listed, problems
 
 
-def verify(root: Path) -> VerifyResult:
+def verify(root: Path, sums_name: str = SUMS_FILE, ignore: tuple[str, ...] = ()) -> VerifyResult:
+    """Compare every file under `root` with the sums file; `ignore` lists files not covered."""
     result = VerifyResult()
-    sums = root / SUMS_FILE
+    sums = root / sums_name
     if not sums.is_file():
-        result.missing.append(SUMS_FILE)
+        result.missing.append(sums_name)
         return result
     listed, result.malformed = read_checksums(sums)
-    present = set(_listed_files(root))
+    present = set(_listed_files(root, sums_name, ignore))
     for rel, expected in sorted(listed.items()):
         if rel not in present:
             result.missing.append(rel)

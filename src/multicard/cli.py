@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from multicard.errors import InputError
 
@@ -77,14 +77,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if not args.dir.is_dir():
         raise InputError(f"{args.dir}: not a directory")
-    result = artifact.verify(args.dir)
-    for kind in ("malformed", "missing", "changed", "unlisted"):
-        for item in getattr(result, kind):
-            print(f"{kind.upper()}: {item}")
-    if result.ok:
-        print(f"{args.dir}: all files match SHA256SUMS")
-        return 0
-    return 1
+    return _print_verify(args.dir, artifact.verify(args.dir), artifact.SUMS_FILE)
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -96,12 +89,35 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_data_verify(args: argparse.Namespace) -> int:
-    from multicard.data import mnist
+    from multicard.data import mnist, scenario_b
+
+    if args.dir is None:
+        root = args.root or mnist.default_root()
+        mnist.verify(root / "mnist")
+        print(f"{root / 'mnist'}: all {len(mnist.SHA256)} MNIST files match their SHA-256")
+        return 0
+    result = scenario_b.verify(args.dir)
+    return _print_verify(args.dir, result, scenario_b.MANIFEST)
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    from multicard.data import mnist, scenario_b
 
     root = args.root or mnist.default_root()
-    mnist.verify(root / "mnist")
-    print(f"{root / 'mnist'}: all {len(mnist.SHA256)} MNIST files match their SHA-256")
+    out = args.out or scenario_b.tree_path(root, args.size, args.format)
+    request = scenario_b.Request(root / "mnist", out, args.size, args.format, args.limit)
+    scenario_b.prepare(request, workers=args.workers)
     return 0
+
+
+def _print_verify(directory: Path, result: Any, sums_name: str) -> int:
+    for kind in ("malformed", "missing", "changed", "unlisted"):
+        for item in getattr(result, kind):
+            print(f"{kind.upper()}: {item}")
+    if result.ok:
+        print(f"{directory}: all files match {sums_name}")
+        return 0
+    return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,9 +148,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("data", lambda a: a.data_func(a), "datasets")
     data_sub = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
-    v = data_sub.add_parser("verify", help="check the MNIST files against their SHA-256")
+    v = data_sub.add_parser("verify", help="check a prepared tree against its manifest, or (no "
+                            "DIR) the MNIST files against their SHA-256")
+    v.add_argument("dir", type=Path, nargs="?", metavar="DIR", help="a prepared Scenario B tree")
     v.add_argument("--root", type=Path, help="folder that holds mnist/ (default: ./data)")
     v.set_defaults(data_func=cmd_data_verify)
+    pr = data_sub.add_parser("prepare", help="write Scenario B: MNIST upsampled to NxN as files")
+    pr.add_argument("--size", type=_positive_int, required=True, help="N (the paper: 300, 500)")
+    pr.add_argument("--format", default="jpeg", choices=("jpeg", "png", "npy"),
+                    help="file format (default jpeg: what both DALI and the DataLoader decode)")
+    pr.add_argument("--out", type=Path, help="default: <root>/scenario_b/<N>px-<format>")
+    pr.add_argument("--root", type=Path, help="folder that holds mnist/ (default: ./data)")
+    pr.add_argument("--limit", type=int, default=0, help="first N images of each split (0 = all)")
+    pr.add_argument("--workers", type=_positive_int, help="processes (default: all CPUs)")
+    pr.set_defaults(data_func=cmd_data_prepare)
     return parser
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from multicard.data.mnist import MNIST_TEST, MNIST_TRAIN
 from multicard.params import Value
 
 REFERENCE_SIZE = 224
@@ -26,7 +27,6 @@ THROUGHPUT_224: dict[str, dict[str, float]] = {
 STEP_OVERHEAD_S = {"cpu": 0.04, "cuda": 0.005}
 EPOCH_PAUSE_S = {"cpu": 0.5, "cuda": 1.0}
 LAUNCH_S = {"cpu": 6.0, "cuda": 25.0}  # cpu: measured by benchmarks/harness_overhead.py
-MNIST_TRAIN, MNIST_TEST = 60_000, 10_000
 
 
 def vision_trial_seconds(settings: Mapping[str, Value]) -> float:
@@ -38,8 +38,10 @@ def vision_trial_seconds(settings: Mapping[str, Value]) -> float:
     batch = int(settings["batch_size"])
     train_n = int(settings["train_subset"]) or MNIST_TRAIN
     steps = math.ceil(train_n / (batch * ranks))
-    if int(settings["max_steps"]):
+    if int(settings["max_steps"]):  # each epoch draws max_steps x batch x ranks images
         steps = min(steps, int(settings["max_steps"]))
+    if settings["mode"] == "loader_only":  # no model: only the per-step overhead is modelled
+        return LAUNCH_S[device] + int(settings["epochs"]) * steps * STEP_OVERHEAD_S[device]
     step_s = STEP_OVERHEAD_S[device] + batch * pixels / rate
     test_per_rank = (int(settings["test_subset"]) or MNIST_TEST) / ranks
     eval_s = test_per_rank * pixels / (3 * rate)

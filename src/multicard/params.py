@@ -66,7 +66,19 @@ VISION: dict[str, Param] = {
     "gpus": Param(int, 1, "ranks per node: GPUs on cuda, gloo processes on cpu", minimum=1),
     "nnodes": Param(int, 1, "nodes (torchrun --nnodes); >1 needs --rdzv-endpoint", minimum=1),
     "precision": Param(str, "fp32", "numeric policy, see precision.py", choices=tuple(PRECISIONS)),
-    "image_size": Param(int, 224, "Scenario A: MNIST upsampled to NxN", minimum=28, maximum=1024),
+    "image_size": Param(int, 224, "images are NxN (Scenario A: upsampled on the fly; B: files)",
+                        minimum=28, maximum=1024),
+    "scenario": Param(str, "a", "a: upsampling in the Dataset; b: prepared files (data prepare)",
+                      choices=("a", "b")),
+    "data_format": Param(str, "jpeg", "Scenario B file format", choices=("jpeg", "png", "npy")),
+    "loader": Param(str, "torch", "torch (DataLoader), dali or synthetic (the no-loading bound)",
+                    choices=("torch", "dali", "synthetic")),
+    "layout": Param(str, "nchw", "memory format of batches and model; nhwc = channels_last",
+                    choices=("nchw", "nhwc")),
+    "normalize": Param(str, "cpu", "torch loader: normalise in CPU workers (the paper) or on the "
+                       "device after the copy (Scenario B)", choices=("cpu", "device")),
+    "mode": Param(str, "train", "train, or loader_only: iterate batches onto the device, no model",
+                  choices=("train", "loader_only")),
     "epochs": Param(int, 20, "training epochs (the paper: 20)", minimum=1),
     "batch_size": Param(int, 64, "samples per rank per step", minimum=1),
     "optimizer": Param(str, "sgd", "sgd (momentum) or adamw", choices=("sgd", "adamw")),
@@ -75,15 +87,36 @@ VISION: dict[str, Param] = {
     "weight_decay": Param(float, 4e-5, "weight decay (MobileNetV2 paper value)", minimum=0.0),
     "num_workers": Param(int, 4, "DataLoader worker processes per rank", minimum=0),
     "pin_memory": Param(bool, False, "DataLoader pin_memory (PyTorch default: false)"),
+    "prefetch_factor": Param(int, 2, "DataLoader batches prefetched per worker (default 2)", minimum=1),
+    "persistent_workers": Param(bool, False, "keep DataLoader workers between epochs (default: false)"),
+    "dali_threads": Param(int, 4, "DALI pipeline CPU threads per rank", minimum=1),
     "cudnn_benchmark": Param(bool, False, "torch.backends.cudnn.benchmark (default: false)"),
     "warmup_steps": Param(int, 5, "untimed steps before training; state restored after", minimum=0),
-    "max_steps": Param(int, 0, "cap on steps per epoch; 0 = the whole epoch", minimum=0),
+    "max_steps": Param(int, 0, "steps per epoch: each epoch draws a fixed, seeded random "
+                       "max_steps x batch x ranks images; 0 = the whole dataset", minimum=0),
     "train_subset": Param(int, 0, "first N training images; 0 = all 60,000", minimum=0),
     "test_subset": Param(int, 0, "first N test images; 0 = all 10,000", minimum=0),
     "seed": Param(int, 0, "base seed; trial t uses seed + t", minimum=0),
 }
 
 WORKLOAD_PARAMS: dict[str, dict[str, Param]] = {"vision": VISION}
+
+
+def vision_conflicts(settings: Mapping[str, Value]) -> list[str]:
+    """Combinations of valid values that cannot run together, as messages naming the keys."""
+    problems = []
+    if settings["loader"] == "dali" and settings["scenario"] != "b":
+        problems.append("loader = 'dali' reads files: it needs scenario = 'b'")
+    if settings["loader"] == "dali" and settings["data_format"] == "npy":
+        problems.append("loader = 'dali' decodes images: data_format must be 'jpeg' or 'png'")
+    if settings["normalize"] == "device" and settings["scenario"] != "b":
+        problems.append("normalize = 'device' needs scenario = 'b' (Scenario A resizes in float)")
+    if settings["persistent_workers"] and settings["num_workers"] == 0:
+        problems.append("persistent_workers = true needs num_workers > 0")
+    return problems
+
+
+WORKLOAD_CONFLICTS = {"vision": vision_conflicts}
 
 VISION_METRICS: tuple[str, ...] = (
     "train_time_s",

@@ -91,6 +91,9 @@ def _with_ci(value: float, lo: float, hi: float, fmt: Callable[[float], str]) ->
 def _paper(values: dict[str, Any]) -> str:
     parts = []
     for key, value in values.items():
+        if key == "outcome":
+            parts.append("runs" if value == "runs" else "fails to run")
+            continue
         lo, hi = value if isinstance(value, tuple) else (value, value)
         if key == "speedup_x":
             text, unit = (f"{lo:g}" if lo == hi else f"{lo:g}–{hi:g}"), "x"
@@ -128,8 +131,8 @@ def display_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
                 _with_ci(r[key], r[f"{key}.lo"], r[f"{key}.hi"], fmt)
                 for _, r in table.iterrows()]
     out["paper"] = [_paper(v) for v in table["paper"]]
-    out["failed"] = [f"{n} ({', '.join(c)})" if n else "0"
-                     for n, c in zip(table["failed"], table["failure_causes"], strict=True)]
+    out["failed (cause)"] = [f"{n} ({', '.join(c)})" if n else "0"
+                             for n, c in zip(table["failed"], table["failure_causes"], strict=True)]
     return out
 
 
@@ -151,20 +154,38 @@ def render_csv(table: pd.DataFrame) -> str:
 
 # --- figures --------------------------------------------------------------------------------
 
-def plot_primary(spec: Spec, table: pd.DataFrame, trials: pd.DataFrame, target: Path) -> bool:
-    """Primary metric vs the figure's x factor, one line per series, 95% CI bars and raw trials."""
-    x_key = spec.figure.get("x")
-    if x_key is None:
-        return False
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series_key = spec.figure.get("series")
+    return plt
+
+
+def plot_primary(spec: Spec, table: pd.DataFrame, trials: pd.DataFrame, target: Path) -> bool:
+    """Primary metric vs the figure's x factor: one line per series, one panel per facet value,
+    95% CI bars and one dot per trial."""
+    if not spec.figure:
+        return False
+    plt = _pyplot()
+    facet = spec.figure.get("facet")
+    panels = list(table.groupby(facet, sort=False)) if facet else [(None, table)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    for ax, (value, panel) in zip(axes[0], panels, strict=True):
+        _draw_panel(ax, spec, panel, trials)
+        if facet:
+            ax.set_title(f"{facet} = {value}", fontsize=9)
+    fig.suptitle(spec.title, fontsize=9)
+    fig.tight_layout()
+    _save(fig, target)
+    plt.close(fig)
+    return True
+
+
+def _draw_panel(ax: Any, spec: Spec, table: pd.DataFrame, trials: pd.DataFrame) -> None:
+    x_key, series_key, p = spec.figure["x"], spec.figure.get("series"), spec.primary
     groups = list(table.groupby(series_key, sort=False)) if series_key else [(None, table)]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    p = spec.primary
     xs = sorted(spec.grid[x_key])
     # Series are dodged sideways so that error bars at the same x stay readable.
     width = 0.5 * min((b - a for a, b in itertools.pairwise(xs)), default=1)
@@ -180,14 +201,34 @@ def plot_primary(spec: Spec, table: pd.DataFrame, trials: pd.DataFrame, target: 
     ax.set_xticks(xs)
     ax.set_xlabel(x_key)
     ax.set_ylabel(_label(p) + " (mean, 95% CI; dots: trials)")
-    ax.set_title(spec.title, fontsize=9)
     if series_key:
         ax.legend(title=series_key, fontsize=8)
+
+
+def plot_breakdown(spec: Spec, table: pd.DataFrame, target: Path) -> bool:
+    """Per config, mean training time split into waiting for data and everything else."""
+    if not spec.breakdown:
+        return False
+    plt = _pyplot()
+    labels = [" ".join(f"{row[k]}" for k in spec.grid) for _, row in table.iterrows()]
+    compute, wait = table["breakdown.compute_s"].fillna(0), table["breakdown.data_wait_s"].fillna(0)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(labels)), 4.2))
+    ax.bar(labels, compute, label="compute (and the rest)")
+    ax.bar(labels, wait, bottom=compute, label="waiting for data")
+    ax.set_ylabel("train time (s), mean over trials")
+    ax.set_xlabel(" / ".join(spec.grid))
+    ax.tick_params(axis="x", labelrotation=90, labelsize=7)
+    ax.set_title(f"{spec.name}: compute vs waiting for data", fontsize=9)
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(target, dpi=120)
+    _save(fig, target)
     plt.close(fig)
     return True
+
+
+def _save(fig: Any, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=120)
 
 
 # --- runs and REPORT.md ---------------------------------------------------------------------
@@ -280,6 +321,7 @@ def _experiment_section(run: RunData, name: str, out: Path) -> str:
     (tables / f"{name}.csv").write_text(render_csv(table), encoding="utf-8")
     trials.to_csv(tables / f"{name}_trials.csv", index=False)
     has_figure = plot_primary(spec, table, trials, out / "figures" / f"{name}.png")
+    has_breakdown = plot_breakdown(spec, table, out / "figures" / f"{name}_breakdown.png")
     fixed = ", ".join(f"{k}={v}" for k, v in spec.fixed.items())
     lines = [
         f"## {spec.title}",
@@ -295,6 +337,8 @@ def _experiment_section(run: RunData, name: str, out: Path) -> str:
     ]
     if has_figure:
         lines += ["", f"![{spec.title}](figures/{name}.png)"]
+    if has_breakdown:
+        lines += ["", f"![compute vs data wait](figures/{name}_breakdown.png)"]
     if len(failed):
         lines += ["", "Failures:", ""]
         lines += [f"- `{r.config_id}` trial {r.trial}: **{r.status}** {r.error_type or ''}: "

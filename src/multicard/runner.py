@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -26,7 +27,7 @@ from filelock import FileLock, Timeout
 
 from multicard import artifact, cost, launch, store, telemetry
 from multicard import spec as specmod
-from multicard.data import mnist
+from multicard.data import mnist, scenario_b
 from multicard.errors import InputError
 from multicard.spec import PlannedTrial, Spec
 
@@ -34,6 +35,16 @@ STDERR_TAIL_CHARS = 4000
 KILL_GRACE_S = 10.0
 OOM_PATTERNS = ("CUDA out of memory", "OutOfMemoryError", "out of memory",
                 "DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
+# Causes that a traceback's exception type would hide (a DataLoader worker dying shows up as a
+# RuntimeError); the first pattern found in the stderr tail names the failure.
+CAUSES = (
+    (re.compile(r"No space left on device|unable to (?:write to|mmap) .*(?:shm|torch_)|Bus error"),
+     "SharedMemoryExhausted"),
+    (re.compile(r"DataLoader worker \(pid\(?s?\)? ?[\d, ]+\)? (?:is killed by signal|exited unexpectedly)"),
+     "DataLoaderWorkerKilled"),
+    # torchrun's summary when a rank died from a signal (the kernel's OOM killer sends SIGKILL)
+    (re.compile(r"Signal \d+ \(SIG\w+\) received by PID \d+"), "RankKilled"),
+)
 _EXCEPTION_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)):\s*(.*)$")
 
 
@@ -63,6 +74,7 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
         spec = dataclasses.replace(spec, trials=trials or spec.trials)
         data_dir = (data_dir or mnist.default_root()).resolve()
         _prepare(spec, out, data_dir)
+        _ensure_datasets(spec, out, data_dir, echo)
         return _run_pending(spec, out, data_dir, echo)
     finally:
         lock.release()
@@ -84,6 +96,30 @@ def _prepare(spec: Spec, out: Path, data_dir: Path) -> None:
     env_file.write_text(json.dumps(artifact.capture_env(data_dir), indent=1), encoding="utf-8")
 
 
+def _ensure_datasets(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], None]) -> None:
+    """Prepare (when missing) and verify every Scenario B tree the plan reads; record which.
+
+    A tree that exists is used as it is, a `--limit`ed one included: datasets.json says what it
+    holds, and a trial asking for more images than it has fails with that message."""
+    needed = sorted({(int(s["image_size"]), str(s["data_format"]))
+                     for _, _, s in specmod.configs(spec) if s.get("scenario") == "b"})
+    used = {}
+    for size, fmt in needed:
+        tree = scenario_b.tree_path(data_dir, size, fmt)
+        if not (tree / scenario_b.DATASET_JSON).exists():
+            scenario_b.prepare(scenario_b.Request(data_dir / "mnist", tree, size, fmt), echo=echo)
+        echo(f"verifying {tree} against its manifest")
+        result = scenario_b.verify(tree)
+        if not result.ok:
+            bad = (result.malformed + result.missing + result.changed + result.unlisted)[:5]
+            raise InputError(f"{tree}: does not match its manifest ({', '.join(bad)}); "
+                             "delete it and run again to prepare it anew")
+        used[str(tree)] = {"manifest_sha256": artifact.sha256_file(tree / scenario_b.MANIFEST),
+                           "dataset": scenario_b.read_description(tree)}
+    if used:
+        (out / "datasets.json").write_text(json.dumps(used, indent=1), encoding="utf-8")
+
+
 def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], None]) -> RunOutcome:
     trials_file = out / store.TRIALS_FILE
     records = store.read(trials_file)
@@ -98,10 +134,9 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
     walls: list[float] = []
     gpus_here = _check_devices(spec, todo)
     for index, planned_trial in enumerate(todo):
-        needed = int(planned_trial.params["gpus"])
-        if planned_trial.params["device"] == "cuda" and needed > gpus_here:
-            record = skipped_record(spec, planned_trial, "NotEnoughGPUs",
-                                    f"needs {needed} GPUs per node, {gpus_here} visible")
+        reason = unrunnable(planned_trial.params, gpus_here)
+        if reason:
+            record = skipped_record(spec, planned_trial, *reason)
         else:
             record = run_trial(spec, planned_trial, out, data_dir)
         store.append(trials_file, record)
@@ -126,6 +161,16 @@ def _check_devices(spec: Spec, todo: list[PlannedTrial]) -> int:
         raise InputError(f"{spec.path}: device = 'cuda' but no GPU is visible here "
                          "(the smoke profile runs on CPU: --profile smoke)")
     return count
+
+
+def unrunnable(settings: dict[str, Any], gpus_here: int) -> tuple[str, str] | None:
+    """Why this machine cannot run a config at all, or None: such trials are recorded as skipped."""
+    needed = int(settings["gpus"])
+    if settings["device"] == "cuda" and needed > gpus_here:
+        return "NotEnoughGPUs", f"needs {needed} GPUs per node, {gpus_here} visible"
+    if settings.get("loader") == "dali" and importlib.util.find_spec("nvidia.dali") is None:
+        return "DaliNotInstalled", "loader = 'dali' but nvidia.dali is not installed here"
+    return None
 
 
 def skipped_record(spec: Spec, planned: PlannedTrial, kind: str, message: str) -> dict[str, Any]:
@@ -263,6 +308,11 @@ def classify(returncode: int | None, timed_out: bool, stderr_tail: str,
     if any(p in tail for p in OOM_PATTERNS):
         return "oom", {"type": kind or "OutOfMemory", "message": message or "out of memory",
                        "stderr_tail": tail}
+    for pattern, name in CAUSES:
+        if match := pattern.search(tail):
+            kind = name
+            message = message or match.group(0)
+            break
     if kind is None:
         kind = "ExitCode"
         message = (f"exit status {returncode}" if returncode == 0 or returncode is None

@@ -27,7 +27,7 @@ from multicard.params import Value
 SECTIONS = {"experiment", "fixed", "grid", "baseline", "trials", "report", "profiles", "reference"}
 EXPERIMENT_KEYS = {"name", "title", "workload", "paper", "description", "profile"}
 TRIALS_KEYS = {"count", "seed", "timeout_s"}
-REPORT_KEYS = {"primary", "metrics", "figure"}
+REPORT_KEYS = {"primary", "metrics", "figure", "breakdown"}
 PROFILE_KEYS = {"fixed", "grid", "trials", "baseline", "report"}
 SPEEDUP_KEYS = ("speedup_x", "time_reduction_pct", "gain_pct")
 DEFAULT_TIMEOUT_S = 7200.0
@@ -41,6 +41,7 @@ class Reference:
     values: dict[str, float | tuple[float, float]]
     source: str
     note: str = ""
+    outcome: str | None = None  # "runs" | "fails": a binary result the paper reports
 
     def applies_to(self, config: Mapping[str, Value]) -> bool:
         return all(config.get(k) == v for k, v in self.match.items())
@@ -64,6 +65,7 @@ class Spec:
     primary: str
     metrics: list[str]
     figure: dict[str, str]
+    breakdown: bool = False  # a stacked bar of compute vs data wait per config
     references: list[Reference] = field(default_factory=list)
 
 
@@ -142,7 +144,7 @@ def from_document(doc: dict[str, Any], path: Path, profile: str = "paper") -> Sp
     fixed, grid = _fixed_and_grid(check, doc, workload)
     trials = check.table("[trials]", doc.get("trials", {}))
     check.keys("[trials]", trials, TRIALS_KEYS)
-    return Spec(
+    spec = Spec(
         path=path,
         name=name,
         title=check.text("[experiment].title", exp.get("title")),
@@ -159,6 +161,8 @@ def from_document(doc: dict[str, Any], path: Path, profile: str = "paper") -> Sp
         **_report(check, doc, grid, workload),
         references=_references(check, doc, workload),
     )
+    _check_conflicts(check, spec)
+    return spec
 
 
 def _int(check: _Checker, key: str, value: Any, minimum: int) -> int:
@@ -258,11 +262,21 @@ def _report(
     if not isinstance(metrics, list) or not metrics or any(m not in known for m in metrics):
         check.fail("[report].metrics", "a non-empty list of metric names: " + ", ".join(known), metrics)
     figure = check.table("[report].figure", report.get("figure", {}))
-    check.keys("[report].figure", figure, {"x", "series"})
+    check.keys("[report].figure", figure, {"x", "series", "facet"})
     for role, factor in figure.items():
-        if factor not in grid:
-            check.fail(f"[report].figure.{role}", "a factor of [grid]", factor)
-    return {"primary": primary, "metrics": list(metrics), "figure": dict(figure)}
+        if factor not in params.WORKLOAD_PARAMS[workload]:
+            check.fail(f"[report].figure.{role}", f"a setting of workload {workload!r}", factor)
+    # A role whose factor a profile has fixed is not drawn; without its x there is no figure.
+    figure = {role: factor for role, factor in figure.items() if factor in grid}
+    if "x" not in figure:
+        figure = {}
+    breakdown = report.get("breakdown", False)
+    if not isinstance(breakdown, bool):
+        check.fail("[report].breakdown", "true or false", breakdown)
+    if breakdown and not {"train_time_s", "data_wait_fraction"} <= set(metrics):
+        check.fail("[report].breakdown", "metrics that include train_time_s and data_wait_fraction",
+                   show_got=False)
+    return {"primary": primary, "metrics": list(metrics), "figure": figure, "breakdown": breakdown}
 
 
 def _references(check: _Checker, doc: dict[str, Any], workload: str) -> list[Reference]:
@@ -274,14 +288,17 @@ def _references(check: _Checker, doc: dict[str, Any], workload: str) -> list[Ref
     for i, entry in enumerate(entries):
         key = f"[[reference]] #{i + 1}"
         entry = check.table(key, entry)
-        check.keys(key, entry, known | {"match", "source", "note"})
+        check.keys(key, entry, known | {"match", "source", "note", "outcome"})
         match = check.table(f"{key}.match", entry.get("match", {}))
         match = {k: check.setting(workload, f"{key}.match.{k}", k, v) for k, v in match.items()}
         values = {k: _ref_value(check, f"{key}.{k}", v) for k, v in entry.items() if k in known}
-        if not values:
-            check.fail(key, "at least one metric value", show_got=False)
+        outcome = entry.get("outcome")
+        if outcome not in (None, "runs", "fails"):
+            check.fail(f"{key}.outcome", "'runs' or 'fails'", outcome)
+        if not values and outcome is None:
+            check.fail(key, "at least one metric value or an outcome", show_got=False)
         source = check.text(f"{key}.source", entry.get("source"))
-        refs.append(Reference(match, values, source, str(entry.get("note", ""))))
+        refs.append(Reference(match, values, source, str(entry.get("note", "")), outcome))
     return refs
 
 
@@ -315,6 +332,13 @@ def configs(spec: Spec) -> list[tuple[str, dict[str, Value], dict[str, Value]]]:
                     for k in params.WORKLOAD_PARAMS[spec.workload]}
         out.append((config_id(spec, settings), config, settings))
     return out
+
+
+def _check_conflicts(check: _Checker, spec: Spec) -> None:
+    for _, config, settings in configs(spec):
+        for problem in params.WORKLOAD_CONFLICTS[spec.workload](settings):
+            where = ", ".join(f"{k}={v}" for k, v in config.items())
+            check.fail(f"config ({where})", f"a runnable combination: {problem}", show_got=False)
 
 
 def plan(spec: Spec, trials: int | None = None) -> list[PlannedTrial]:
@@ -351,10 +375,11 @@ def to_toml(spec: Spec) -> str:
         "grid": spec.grid,
         "baseline": spec.baseline,
         "trials": {"count": spec.trials, "seed": spec.order_seed, "timeout_s": spec.timeout_s},
-        "report": {"primary": spec.primary, "metrics": spec.metrics, "figure": spec.figure},
+        "report": {"primary": spec.primary, "metrics": spec.metrics, "figure": spec.figure,
+                   "breakdown": spec.breakdown},
         "reference": [
             {"match": r.match, **{k: list(v) if isinstance(v, tuple) else v for k, v in r.values.items()},
-             "source": r.source, "note": r.note}
+             "source": r.source, "note": r.note, **({"outcome": r.outcome} if r.outcome else {})}
             for r in spec.references
         ],
     }

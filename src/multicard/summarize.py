@@ -68,9 +68,15 @@ def config_table(spec: Spec, trials: pd.DataFrame, failed: pd.DataFrame) -> pd.D
             summary = stats.summarize(mine[metric].dropna().tolist())
             row |= {f"{metric}.{f}": getattr(summary, f) for f in SUMMARY_FIELDS}
         row |= _speedup(spec, trials, config, mine)
+        if spec.breakdown:
+            wait = mine["train_time_s"] * mine["data_wait_fraction"]
+            row["breakdown.data_wait_s"] = float(wait.mean()) if len(mine) else float("nan")
+            row["breakdown.compute_s"] = float((mine["train_time_s"] - wait).mean()) if len(mine) \
+                else float("nan")
         causes = failed[failed["config_id"] == cid]
         row["failed"] = len(causes)
-        row["failure_causes"] = sorted(set(causes["status"].tolist()))
+        row["failure_causes"] = sorted({cause(s, t) for s, t in zip(causes["status"],
+                                                                   causes["error_type"], strict=True)})
         row["paper"] = _references(spec, config)
         rows.append(row)
     return pd.DataFrame(rows)
@@ -101,9 +107,16 @@ def _speedup(spec: Spec, trials: pd.DataFrame, config: dict[str, Any],
     }
 
 
-def _references(spec: Spec, config: dict[str, Any]) -> dict[str, float | tuple[float, float]]:
-    values: dict[str, float | tuple[float, float]] = {}
+def cause(status: str, error_type: str | None) -> str:
+    """"oom", "timeout", or "failed: <exception type>" for the failure column."""
+    return status if status in ("oom", "timeout") or not error_type else f"{status}: {error_type}"
+
+
+def _references(spec: Spec, config: dict[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
     for ref in spec.references:
         if ref.applies_to({**spec.fixed, **config}):
             values |= ref.values
+            if ref.outcome:
+                values["outcome"] = ref.outcome
     return values

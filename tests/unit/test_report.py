@@ -69,7 +69,7 @@ def test_markdown_table_shows_n_mean_sd_ci_and_speedups(reported: Path) -> None:
 
 def test_failures_and_paper_values_are_shown(reported: Path) -> None:
     table = rows((reported / "tables" / "table2_precision.md").read_text())
-    assert table[("bf16", "2")][-1] == "1 (oom)"
+    assert table[("bf16", "2")][-1] == "1 (oom)"  # the "failed (cause)" column
     assert table[("bf16", "2")][2] == "0"
     assert "test acc. (%) 97.94" in " ".join(table[("fp16", "2")])
     text = (reported / "REPORT.md").read_text()
@@ -111,3 +111,33 @@ def test_directory_without_runs_is_bad_input(tmp_path: Path) -> None:
 
     with pytest.raises(InputError, match="no run directory"):
         report.discover_runs(tmp_path)
+
+
+def test_facets_breakdown_and_binary_paper_outcomes(tmp_path: Path) -> None:
+    s = spec.load(EXPERIMENTS / "figure6_loaders.toml")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spec.toml").write_text(spec.to_toml(s))
+    for cid, config, _ in spec.configs(s):
+        if config["gpus"] != 2:
+            continue
+        fails = config == {"loader": "torch", "image_size": 500, "gpus": 2}
+        store.append(run / "trials.jsonl", {
+            "schema": 1, "experiment": s.name, "config_id": cid, "config": config, "trial": 0,
+            "status": "oom" if fails else "ok", "started": "2026-01-01T00:00:00+00:00",
+            "wall_s": 1.0, "metrics": {} if fails else {"train_time_s": 10.0, "data_wait_fraction": 0.25},
+            "error": {"type": "OutOfMemoryError", "message": "x", "stderr_tail": ""} if fails else None,
+            "artifacts": []})
+    report.write_report([run], run)
+    assert (run / "figures" / "figure6_loaders.png").exists()
+    assert (run / "figures" / "figure6_loaders_breakdown.png").exists()
+    lines = [ln for ln in (run / "tables" / "figure6_loaders.md").read_text().splitlines()][2:]
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
+    row = next(c for c in cells if c[:3] == ["torch", "500", "2"])
+    assert row[-2] == "fails to run" and row[-1] == "1 (oom)"
+    import pandas as pd
+
+    csv = pd.read_csv(run / "tables" / "figure6_loaders.csv")
+    dali = csv[(csv.loader == "dali") & (csv.image_size == 300) & (csv.gpus == 2)].iloc[0]
+    assert dali["breakdown.data_wait_s"] == pytest.approx(2.5)
+    assert dali["breakdown.compute_s"] == pytest.approx(7.5)

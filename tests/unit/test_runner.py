@@ -86,3 +86,39 @@ def test_configs_needing_more_gpus_than_visible_are_skipped(tmp_path: Path, monk
     assert {r["error"]["message"] for r in records} == {"needs 2 GPUs per node, 1 visible",
                                                         "needs 4 GPUs per node, 1 visible"}
     assert not (tmp_path / "run" / "raw").exists()  # nothing was launched
+
+
+def test_dataloader_worker_deaths_are_named() -> None:
+    # the messages PyTorch's DataLoader raises (torch/utils/data/dataloader.py, signal_handling)
+    killed = "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed. \n"
+    status, error = runner.classify(1, False, killed, None, 60)
+    assert (status, error["type"]) == ("failed", "DataLoaderWorkerKilled")
+    exited = "RuntimeError: DataLoader worker (pid(s) 11, 12) exited unexpectedly\n"
+    assert runner.classify(1, False, exited, None, 60)[1]["type"] == "DataLoaderWorkerKilled"
+
+
+def test_shared_memory_exhaustion_is_named() -> None:
+    bus = ("ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient "
+           "shared memory (shm).\nRuntimeError: DataLoader worker (pid 9) is killed by signal: Bus "
+           "error. It is possible that dataloader's workers are out of shared memory.\n")
+    assert runner.classify(1, False, bus, None, 60)[1]["type"] == "SharedMemoryExhausted"
+    full = "RuntimeError: unable to write to file </torch_123_456_0>: No space left on device (28)\n"
+    status, error = runner.classify(1, False, full, None, 60)
+    assert (status, error["type"]) == ("failed", "SharedMemoryExhausted")
+
+
+def test_a_rank_killed_by_a_signal_is_named_from_torchruns_summary() -> None:
+    tail = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+            "  exitcode  : -9 (pid: 11027)  (SIGKILL)\n"
+            "  traceback : Signal 9 (SIGKILL) received by PID 11027\n")
+    status, error = runner.classify(1, False, tail, None, 60)
+    assert (status, error["type"]) == ("failed", "RankKilled")
+    assert error["message"] == "Signal 9 (SIGKILL) received by PID 11027"
+
+
+def test_unrunnable_configs_name_their_reason() -> None:
+    cpu = {"gpus": 2, "device": "cpu", "loader": "torch"}
+    assert runner.unrunnable(cpu, gpus_here=0) is None
+    assert runner.unrunnable({**cpu, "device": "cuda"}, gpus_here=4) is None
+    assert runner.unrunnable({**cpu, "device": "cuda"}, gpus_here=1) == (
+        "NotEnoughGPUs", "needs 2 GPUs per node, 1 visible")

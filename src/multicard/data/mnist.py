@@ -25,6 +25,7 @@ SHA256 = {
 SPLITS = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
           "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
 IDX_MAGIC = {2051: 3, 2049: 1}  # images: 3 dims (n, rows, cols); labels: 1 dim (n)
+MNIST_TRAIN, MNIST_TEST = 60_000, 10_000
 # Pixel statistics of the training images scaled to [0, 1] (SOURCE.md "Content checks").
 MEAN, STD = 0.1307, 0.3081
 

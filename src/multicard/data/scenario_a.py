@@ -15,7 +15,9 @@ from torch.utils.data import Dataset
 from multicard.data.mnist import MEAN, STD, Split
 
 
-class UpsampledMNIST(Dataset[tuple[torch.Tensor, int]]):
+class UpsampledMNIST(Dataset[tuple[torch.Tensor, int, int]]):
+    """Items are (image, label, index): the index lets loaders report which samples they served."""
+
     def __init__(self, split: Split, image_size: int) -> None:
         # One shared uint8 tensor: workers inherit it copy-on-write instead of pickling 47 MB each.
         self.images = torch.from_numpy(split.images.copy())
@@ -25,15 +27,30 @@ class UpsampledMNIST(Dataset[tuple[torch.Tensor, int]]):
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return upsample(self.images[index], self.image_size), int(self.labels[index])
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
+        return upsample(self.images[index], self.image_size), int(self.labels[index]), index
+
+
+def resize_unit(images: torch.Tensor, size: int) -> torch.Tensor:
+    """uint8 (..., 28, 28) -> float32 (..., size, size) in [0, 1]; bilinear, align_corners=False.
+
+    Scenario B stores exactly these pixels (rounded to uint8), so both scenarios show the model
+    the same images.
+    """
+    lead = images.shape[:-2]
+    x = images.reshape(-1, 1, *images.shape[-2:]).to(torch.float32).div_(255.0)
+    if size != x.shape[-1]:
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    return x.reshape(*lead, size, size)
+
+
+def normalize(unit: torch.Tensor) -> torch.Tensor:
+    """[0, 1] pixels -> MNIST-normalised values (in place)."""
+    return unit.sub_(MEAN).div_(STD)
 
 
 def upsample(image: torch.Tensor, size: int) -> torch.Tensor:
     """uint8 (28, 28) -> normalised float32 (3, size, size)."""
-    x = image.to(torch.float32).div_(255.0)[None, None]
-    if size != x.shape[-1]:
-        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
-    x = x[0].sub_(MEAN).div_(STD)
+    x = normalize(resize_unit(image, size))
     # expand() is a view; the collate function's stack makes the batch contiguous.
     return x.expand(3, size, size)

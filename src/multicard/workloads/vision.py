@@ -36,12 +36,13 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torchvision  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
-from torch.utils.data import DataLoader, DistributedSampler, Subset  # noqa: E402
+from torch.utils.data import DataLoader, Subset  # noqa: E402
 
 from multicard import params, precision  # noqa: E402
-from multicard.data import mnist  # noqa: E402
-from multicard.data.scenario_a import UpsampledMNIST  # noqa: E402
+from multicard.data import mnist, scenario_b  # noqa: E402
 from multicard.launch import set_parent_death_signal  # noqa: E402
+from multicard.loaders import LOADERS, LoaderConfig  # noqa: E402
+from multicard.loaders.datasets import collate_for, finish_on_device, make_dataset  # noqa: E402
 from multicard.telemetry import GpuUtilSampler  # noqa: E402
 
 T_IMPORTED = time.time()
@@ -140,89 +141,68 @@ def main(argv: list[str] | None = None) -> None:
         if policy.autocast_dtype else nullcontext()
     )
 
-    # --- data: Scenario A, sharded by DistributedSampler ------------------------------------
-    mnist_dir = args.data_dir / "mnist"
-    train_set = UpsampledMNIST(mnist.load(mnist_dir, "train", args.train_subset), args.image_size)
-    test_set = UpsampledMNIST(mnist.load(mnist_dir, "test", args.test_subset), args.image_size)
-    sampler: DistributedSampler[tuple[torch.Tensor, int]] = DistributedSampler(
-        train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
-    # pin_memory needs an accelerator; on CPU it is turned off here once instead of letting
-    # every DataLoader warn about it.
-    pin_memory = args.pin_memory and cuda
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
-                        num_workers=args.num_workers, pin_memory=pin_memory, drop_last=False)
-    steps_per_epoch = min(len(loader), args.max_steps) if args.max_steps else len(loader)
+    # --- data: the loader shards by rank; every rank must take the same number of steps -----
+    train_config = loader_config(args, "train", rank, world, device)
+    loader = LOADERS[args.loader](train_config)
+    steps_per_epoch = agree_on_steps(loader.steps_per_epoch, device)
     timeline["data_ready"] = time.time()
 
-    # --- model ----------------------------------------------------------------------------
+    # --- model and warm-up: untimed steps on a fixed batch, then back to the initial state ---
     torch.manual_seed(args.seed)
-    model = torchvision.models.mobilenet_v2(num_classes=10).to(device=device, dtype=param_dtype)
-    ddp = DDP(model, device_ids=[local_rank] if cuda else None)
-    initial_state = {k: v.clone() for k, v in model.state_dict().items()}
-    timeline["model_ready"] = time.time()
-
-    # --- warm-up: untimed steps on one batch built without the loader, then reset -----------
-    warm_images = torch.stack([train_set[i][0] for i in range(min(args.batch_size, len(train_set)))])
-    warm_labels = torch.tensor([train_set[i][1] for i in range(len(warm_images))])
-    warm_images = warm_images.to(device=device, dtype=param_dtype)
-    warm_labels = warm_labels.to(device)
-    optimizer = make_optimizer(model, args)
-    scaler = torch.amp.GradScaler(device.type, enabled=policy.grad_scaler)
-    for _ in range(args.warmup_steps):
-        train_step(ddp, optimizer, scaler, warm_images, warm_labels, autocast)
-    with torch.no_grad():
-        model.load_state_dict(initial_state)
-    optimizer = make_optimizer(model, args)
-    scaler = torch.amp.GradScaler(device.type, enabled=policy.grad_scaler)
+    if args.mode == "train":
+        model = torchvision.models.mobilenet_v2(num_classes=10).to(device=device, dtype=param_dtype)
+        if args.layout == "nhwc":
+            model = model.to(memory_format=torch.channels_last)
+        ddp = DDP(model, device_ids=[local_rank] if cuda else None)
+        timeline["model_ready"] = time.time()
+        optimizer, scaler = warm_up(ddp, model, args, train_config, param_dtype, autocast, policy)
+    else:  # loader_only: no model, the loop only pulls batches onto the device
+        timeline["model_ready"] = time.time()
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     synchronize(device)
     dist.barrier()  # all ranks start the clock together
     timeline["warmup_done"] = time.time()
 
-    # --- timed training ---------------------------------------------------------------------
-    epoch_times, first_waits, waits, step_times, h2d_ms = [], [], [], [], []
+    # --- timed epochs -----------------------------------------------------------------------
+    epoch_times, first_waits, waits, step_times, h2d = [], [], [], [], []
     samples = 0
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     util = GpuUtilSampler(gpu_uuid(device) if cuda else None)
     with util:
         t_train = time.perf_counter()
         for epoch in range(args.epochs):
-            sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank
             t_epoch = time.perf_counter()
-            batches = iter(loader)  # non-persistent workers start here
+            batches = loader.epoch(epoch)  # the first next() starts non-persistent workers
             clock = StepClock(device)
-            copy_events = []
             for step in range(steps_per_epoch):
                 clock.mark()
-                # The first wait counts from iter(): starting the workers is part of the pause.
+                # The first wait counts from the epoch start: worker start-up is the pause.
                 t_wait = t_epoch if step == 0 else time.perf_counter()
-                images, labels = next(batches)
+                images, labels, _ = next(batches)
                 waits.append(time.perf_counter() - t_wait)
                 if step == 0:
                     first_waits.append(waits[-1])
-                if cuda:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                images = images.to(device, non_blocking=True)
-                labels = labels.to(device, non_blocking=True)
-                if cuda:
-                    end.record()
-                    copy_events.append((start, end))
-                images = images.to(param_dtype)  # fp64 only; a no-op for float32
-                loss_sum += train_step(ddp, optimizer, scaler, images, labels, autocast)
+                if args.mode == "train":
+                    images = images.to(param_dtype)  # fp64 only; a no-op for float32
+                    loss_sum += train_step(ddp, optimizer, scaler, images, labels, autocast)
                 samples += len(labels)
             clock.mark()
-            del batches  # worker shutdown belongs to the epoch, as in an untimed run
+            if next(batches, None) is not None:  # run the loader to its end: shutdown, reset
+                raise RuntimeError(f"loader {args.loader} yielded more than {steps_per_epoch} batches")
             synchronize(device)  # sync point: the epoch includes all of its queued GPU work
             epoch_times.append(time.perf_counter() - t_epoch)
             step_times += clock.intervals_s()
-            h2d_ms += [a.elapsed_time(b) for a, b in copy_events]
+            h2d.append(loader.h2d_seconds())
         synchronize(device)
         train_time = time.perf_counter() - t_train
     timeline["train_done"] = time.time()
 
-    correct, total = evaluate(model, test_set, rank, world, args, device, param_dtype, autocast)
+    accuracy, test_images = None, None
+    if args.mode == "train":
+        test_config = loader_config(args, "test", rank, world, device)
+        correct, test_images = evaluate(model, test_config, args, param_dtype, autocast)
+        accuracy = correct / max(1, test_images)
     timeline["eval_done"] = time.time()
 
     local = {
@@ -232,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         "step_times_s": step_times,
         "first_batch_latency_s": first_waits,
         "data_wait_s": sum(waits),
-        "h2d_time_s": sum(h2d_ms) / 1000.0 if cuda else None,
+        "h2d_time_s": None if None in h2d else sum(h2d),
         "samples": samples,
         "loss_mean": loss_sum.item() / max(1, args.epochs * steps_per_epoch),
         "peak_mem_bytes": peak_memory_bytes(device),
@@ -244,12 +224,12 @@ def main(argv: list[str] | None = None) -> None:
     dist.all_gather_object(gathered, local)
     if rank == 0:
         result = {
-            "metrics": combine_ranks(gathered, correct / max(1, total)),
+            "metrics": combine_ranks(gathered, accuracy),
             "ranks": gathered,
             "world_size": world,
             "steps_per_epoch": steps_per_epoch,
-            "test_images": total,
-            "pin_memory_effective": pin_memory,
+            "test_images": test_images,
+            "pin_memory_effective": loader.pin_memory,
             "tf32_flags": tf32_flags,
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "torch": torch.__version__,
@@ -259,33 +239,78 @@ def main(argv: list[str] | None = None) -> None:
     dist.destroy_process_group()
 
 
+def loader_config(args: argparse.Namespace, split: str, rank: int, world: int,
+                  device: torch.device) -> LoaderConfig:
+    """The loader's flat settings; `max_steps` becomes a fixed per-epoch sample budget."""
+    training = split == "train"
+    return LoaderConfig(
+        scenario=args.scenario, mnist_dir=args.data_dir / "mnist",
+        tree=scenario_b.tree_path(args.data_dir, args.image_size, args.data_format)
+        if args.scenario == "b" else None,
+        split=split, image_size=args.image_size, batch_size=args.batch_size, rank=rank,
+        world=world, seed=args.seed, subset=args.train_subset if training else args.test_subset,
+        epoch_samples=args.max_steps * args.batch_size * world if training else 0,
+        num_workers=args.num_workers, pin_memory=args.pin_memory,
+        prefetch_factor=args.prefetch_factor, persistent_workers=args.persistent_workers,
+        layout=args.layout, normalize=args.normalize, dali_threads=args.dali_threads,
+        device=device,
+    )
+
+
+def agree_on_steps(steps: int, device: torch.device) -> int:
+    """DDP hangs if one rank takes a step the others do not: check before the first step."""
+    bounds = torch.tensor([steps, -steps], device=device)
+    dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
+    if int(bounds[0]) != -int(bounds[1]):
+        raise RuntimeError(f"ranks disagree on steps per epoch ({-int(bounds[1])}..{int(bounds[0])})")
+    return steps
+
+
+def warm_up(ddp: torch.nn.Module, model: torch.nn.Module, args: argparse.Namespace,
+            config: LoaderConfig, param_dtype: torch.dtype, autocast: Any,
+            policy: precision.PrecisionPolicy) -> tuple[torch.optim.Optimizer, torch.amp.GradScaler]:
+    """Run `warmup_steps` untimed steps (library initialisation, allocator growth, DDP bucket
+    rebuild) on the synthetic loader's fixed batch, then reset model, optimizer and scaler."""
+    initial_state = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = make_optimizer(model, args)
+    scaler = torch.amp.GradScaler(config.device.type, enabled=policy.grad_scaler)
+    if args.warmup_steps:
+        fixed = LOADERS["synthetic"](config)
+        images, labels, _ = next(fixed.epoch(0))
+        for _ in range(args.warmup_steps):
+            train_step(ddp, optimizer, scaler, images.to(param_dtype), labels, autocast)
+        with torch.no_grad():
+            model.load_state_dict(initial_state)
+        optimizer = make_optimizer(model, args)
+        scaler = torch.amp.GradScaler(config.device.type, enabled=policy.grad_scaler)
+    return optimizer, scaler
+
+
 def evaluate(
     model: torch.nn.Module,
-    test_set: UpsampledMNIST,
-    rank: int,
-    world: int,
+    config: LoaderConfig,
     args: argparse.Namespace,
-    device: torch.device,
     param_dtype: torch.dtype,
     autocast: Any,
 ) -> tuple[int, int]:
     """(correct, total) over the whole test set, each rank scoring a contiguous, disjoint shard."""
-    shard = np.array_split(np.arange(len(test_set)), world)[rank].tolist()
+    test_set = make_dataset(config, "test")
+    shard = np.array_split(np.arange(len(test_set)), config.world)[config.rank].tolist()  # type: ignore[arg-type]
     loader = DataLoader(Subset(test_set, shard), batch_size=2 * args.batch_size,
-                        num_workers=args.num_workers)
-    counts = torch.zeros(2, dtype=torch.int64, device=device)
+                        num_workers=args.num_workers, collate_fn=collate_for(config))
+    counts = torch.zeros(2, dtype=torch.int64, device=config.device)
     model.eval()
     with torch.no_grad(), autocast:
-        for images, labels in loader:
-            images = images.to(device=device, dtype=param_dtype, non_blocking=True)
-            labels = labels.to(device, non_blocking=True)
-            counts[0] += (model(images).argmax(dim=1) == labels).sum()
+        for images, labels, _ in loader:
+            images = finish_on_device(images.to(config.device, non_blocking=True), config)
+            labels = labels.to(config.device, non_blocking=True)
+            counts[0] += (model(images.to(param_dtype)).argmax(dim=1) == labels).sum()
             counts[1] += len(labels)
     dist.all_reduce(counts)  # sums over ranks; the shards do not overlap
     return int(counts[0]), int(counts[1])
 
 
-def combine_ranks(ranks: list[dict[str, Any]], test_accuracy: float) -> dict[str, Any]:
+def combine_ranks(ranks: list[dict[str, Any]], test_accuracy: float | None) -> dict[str, Any]:
     """One trial's metrics from every rank's measurements (DESIGN.md names).
 
     A job is as slow as its slowest rank, so times take the max over ranks; the pause before an

@@ -30,8 +30,8 @@ def test_dataset_returns_images_and_integer_labels() -> None:
     split = Split(np.zeros((4, 28, 28), dtype=np.uint8), np.array([3, 1, 4, 1], dtype=np.uint8))
     ds = UpsampledMNIST(split, 64)
     assert len(ds) == 4
-    image, label = ds[2]
-    assert image.shape == (3, 64, 64) and label == 4
+    image, label, index = ds[2]
+    assert image.shape == (3, 64, 64) and label == 4 and index == 2
     batch = torch.utils.data.default_collate([ds[i] for i in range(4)])
     assert batch[0].shape == (4, 3, 64, 64) and batch[0].is_contiguous()
-    assert batch[1].tolist() == [3, 1, 4, 1]
+    assert batch[1].tolist() == [3, 1, 4, 1] and batch[2].tolist() == [0, 1, 2, 3]

@@ -1,0 +1,99 @@
+"""Data loaders behind one signature: `LOADERS[name](config) -> Loader`.
+
+The training loop never knows which loader it has. Every loader yields batches already on the
+training device, as `(images, labels, indices)`: images float32 (B, 3, N, N) in the requested
+memory format, labels int64, and the dataset indices of the samples (so tests and audits can see
+exactly which samples a rank saw).
+
+- `torch`: PyTorch DataLoader + DistributedSampler; decoding and normalisation in CPU worker
+  processes (the paper's setup); host-to-device copy with non_blocking, timed with CUDA events.
+- `dali`: NVIDIA DALI, Scenario B files; decoding and normalisation on the GPU ("mixed" decoder),
+  CPU operators on a CPU-only machine.
+- `synthetic`: one fixed batch resident on the device: the bound where loading costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+Batch = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    scenario: str  # "a": MNIST upsampled in the Dataset; "b": prepared files
+    mnist_dir: Path
+    tree: Path | None  # the Scenario B tree of this image size and format
+    split: str
+    image_size: int
+    batch_size: int
+    rank: int
+    world: int
+    seed: int
+    subset: int  # first N images of the split; 0 = all
+    epoch_samples: int  # > 0: a fixed, seeded random subset of this many images (max_steps)
+    num_workers: int
+    pin_memory: bool
+    prefetch_factor: int
+    persistent_workers: bool
+    layout: str  # "nchw" | "nhwc" (channels_last)
+    normalize: str  # "cpu" (in the workers, as in the paper) | "device" (after the copy)
+    dali_threads: int
+    device: torch.device
+
+
+class Loader(Protocol):
+    steps_per_epoch: int
+    pin_memory: bool  # as actually used (only with a CUDA device)
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        """Exactly `steps_per_epoch` batches; iterate to the end so the loader can reset."""
+        ...
+
+    def h2d_seconds(self) -> float | None:
+        """Host-to-device copy time of the last epoch (after a device sync); None if not measured."""
+        ...
+
+
+def sample_indices(total: int, subset: int, epoch_samples: int, seed: int) -> np.ndarray:
+    """The dataset indices a loader draws from: the first `subset` (0 = all), then, when
+    `epoch_samples` > 0, a fixed seeded random selection of that many. Every loader uses this, so
+    all of them train on the same images."""
+    indices = np.arange(min(total, subset) if subset else total)
+    if epoch_samples and epoch_samples < len(indices):
+        chosen = np.random.default_rng(seed).choice(len(indices), size=epoch_samples, replace=False)
+        indices = indices[np.sort(chosen)]
+    return indices
+
+
+def make_torch(config: LoaderConfig) -> Loader:
+    from multicard.loaders.torch_loader import TorchLoader
+
+    return TorchLoader(config)
+
+
+def make_dali(config: LoaderConfig) -> Loader:
+    from multicard.loaders.dali_loader import DaliLoader
+
+    return DaliLoader(config)
+
+
+def make_synthetic(config: LoaderConfig) -> Loader:
+    from multicard.loaders.synthetic import SyntheticLoader
+
+    return SyntheticLoader(config)
+
+
+LOADERS: dict[str, Callable[[LoaderConfig], Loader]] = {
+    "torch": make_torch,
+    "dali": make_dali,
+    "synthetic": make_synthetic,
+}
