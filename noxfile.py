@@ -126,7 +126,7 @@ def verify(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def bench(session: nox.Session) -> None:
-    """benchmarks/: harness overhead of a smoke trial; loader images/s vs the bound and a copy."""
+    """benchmarks/: harness overhead, loader images/s vs the bound, trace-parser speed vs a scan."""
     python = dev_python(session)
-    session.run(python, str(ROOT / "benchmarks" / "harness_overhead.py"))
-    session.run(python, str(ROOT / "benchmarks" / "loader_throughput.py"))
+    for script in ("harness_overhead.py", "loader_throughput.py", "trace_parse.py"):
+        session.run(python, str(ROOT / "benchmarks" / script))

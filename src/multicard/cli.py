@@ -29,21 +29,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from multicard import cost, runner, spec
 
     s = spec.load(args.spec, args.profile)
-    planned = spec.plan(s, args.trials)
+    planned = spec.plan(s, args.trials, args.trace)
     if args.json:
         print(json.dumps([{"config_id": p.config_id, "config": p.config, "trial": p.trial}
-                          for p in planned], indent=1))
+                          | ({"trace": p.trace} if p.trace != "none" else {}) for p in planned],
+                         indent=1))
         return 0
     seconds = [cost.trial_seconds(s.workload, p.params) for p in planned]
-    rows = [[p.order, p.config_id, *p.config.values(), p.trial, runner.format_duration(sec)]
+    rows = [[p.order, p.config_id, *p.config.values(), p.trial, p.trace, runner.format_duration(sec)]
             for p, sec in zip(planned, seconds, strict=True)]
-    print(tabulate(rows, headers=["order", "config_id", *s.grid, "trial", "estimate"],
+    print(tabulate(rows, headers=["order", "config_id", *s.grid, "trial", "trace", "estimate"],
                    tablefmt="plain"))
     device_hours = sum(sec * int(p.params["gpus"]) * int(p.params["nnodes"])
                        for p, sec in zip(planned, seconds, strict=True)) / 3600
     unit = "GPU-hours" if s.fixed.get("device", "cuda") == "cuda" else "rank-hours (CPU)"
     print(f"\n{s.name} (profile {s.profile}): {len(planned) // max(1, len(spec.configs(s)))} "
-          f"trial(s) x {len(spec.configs(s))} configs = {len(planned)} trials; estimated "
+          f"trial(s) x {len(spec.configs(s))} configs = {len(planned)} trials"
+          f"{' (traced ones included)' if any(p.trace != 'none' for p in planned) else ''}; estimated "
           f"{runner.format_duration(sum(seconds))} wall, {device_hours:.2f} {unit}. "
           "Cost model: multicard/cost.py (CUDA rates are estimates).")
     return 0
@@ -55,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     s = spec.load(args.spec, args.profile)
     out = args.out or Path("artifact/runs") / (
         f"{s.name}-{s.profile}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}")
-    outcome = runner.run(s, out, trials=args.trials)
+    outcome = runner.run(s, out, trials=args.trials, trace=args.trace)
     print(f"next: multicard report {outcome.out}")
     return 0
 
@@ -78,6 +80,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not args.dir.is_dir():
         raise InputError(f"{args.dir}: not a directory")
     return _print_verify(args.dir, artifact.verify(args.dir), artifact.SUMS_FILE)
+
+
+def cmd_trace_summarize(args: argparse.Namespace) -> int:
+    from multicard.profiling import parse
+
+    print(json.dumps({str(path): parse.summarize(path) for path in args.files}, indent=1))
+    return 0
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -146,6 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("env", cmd_env, "print the environment record (env.json) to stdout")
 
+    p = add("trace", lambda a: a.trace_func(a), "profiling traces")
+    trace_sub = p.add_subparsers(dest="trace_command", required=True, parser_class=_Parser)
+    t = trace_sub.add_parser("summarize", help="the paper's Nsight metrics of nsys SQLite exports "
+                             "or Kineto JSON traces, as JSON keyed by file")
+    t.add_argument("files", type=Path, nargs="+", metavar="FILE")
+    t.set_defaults(trace_func=cmd_trace_summarize)
+
     p = add("data", lambda a: a.data_func(a), "datasets")
     data_sub = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     v = data_sub.add_parser("verify", help="check a prepared tree against its manifest, or (no "
@@ -169,6 +185,9 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", type=Path, metavar="SPEC", help="experiment TOML")
     p.add_argument("--profile", default="paper", help="paper (default) or a profile of the spec")
     p.add_argument("--trials", type=_positive_int, help="trials per config (default: the spec's)")
+    p.add_argument("--trace", choices=("none", "torch", "nsys"),
+                   help="profile extra trials with the PyTorch profiler or Nsight Systems "
+                        "(default: the spec's [trials].trace)")
 
 
 def _positive_int(text: str) -> int:

@@ -29,11 +29,13 @@ def torchrun_argv(
     nnodes: int = 1,
     rdzv_endpoint: str | None = None,
     rdzv_id: str = "multicard",
+    wrapper: Sequence[str] = (),
 ) -> list[str]:
     """`python -m torch.distributed.run ... -m module args`.
 
     One node uses `--standalone` (a private rendezvous on a free port). Several nodes use the c10d
-    rendezvous at `rdzv_endpoint`; every node runs the same command.
+    rendezvous at `rdzv_endpoint`; every node runs the same command. A `wrapper` (nsys) is put in
+    front of every rank with `--no-python`, so each rank gets its own wrapped process.
     """
     argv = [sys.executable, "-m", "torch.distributed.run"]
     if nnodes == 1 and rdzv_endpoint is None:
@@ -43,7 +45,10 @@ def torchrun_argv(
             raise ValueError("several nodes need a rendezvous endpoint HOST:PORT")
         argv += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
                  f"--rdzv-id={rdzv_id}"]
-    return [*argv, f"--nproc-per-node={nproc_per_node}", "-m", module, *module_args]
+    argv.append(f"--nproc-per-node={nproc_per_node}")
+    if wrapper:
+        return [*argv, "--no-python", *wrapper, sys.executable, "-m", module, *module_args]
+    return [*argv, "-m", module, *module_args]
 
 
 def trial_env(base: Mapping[str, str], ranks_per_node: int, cpu_count: int) -> dict[str, str]:
@@ -76,13 +81,14 @@ def set_parent_death_signal(parent_pid: int, sig: int = signal.SIGKILL) -> None:
         os.kill(os.getpid(), sig)
 
 
-def vision_argv(settings: Mapping[str, Value], trial_dir: Path, data_dir: Path,
-                rdzv_endpoint: str | None = None) -> list[str]:
+def vision_argv(settings: Mapping[str, Value], trial_dir: Path, data_dir: Path, trace: str,
+                wrapper: Sequence[str] = (), rdzv_endpoint: str | None = None) -> list[str]:
     """torchrun over `multicard.workloads.vision` with every setting as a flag."""
-    module_args = ["--out", str(trial_dir), "--data-dir", str(data_dir), *params.to_flags(settings)]
+    module_args = ["--out", str(trial_dir), "--data-dir", str(data_dir), "--trace", trace,
+                   *params.to_flags(settings)]
     return torchrun_argv("multicard.workloads.vision", module_args,
                          nproc_per_node=int(settings["gpus"]), nnodes=int(settings["nnodes"]),
-                         rdzv_endpoint=rdzv_endpoint)
+                         rdzv_endpoint=rdzv_endpoint, wrapper=wrapper)
 
 
 # name -> argv builder, one signature per workload kind

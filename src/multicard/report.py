@@ -136,6 +136,48 @@ def display_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+# The paper's Nsight metrics (PAPER.md section 5) -> trace summary keys. "CUDA memcpy HtoD" is the
+# GPU-side copy activity; NCCL kernels include ncclDevKernel_AllGather.
+TRACE_COLUMNS: dict[str, tuple[str, str]] = {
+    "HtoD copies (n)": ("memcpy_htod_count", "count"),
+    "HtoD (MiB)": ("memcpy_htod_bytes", "mib"),
+    "HtoD (ms)": ("memcpy_htod_ns", "ms"),
+    "HtoD from pageable (ms)": ("memcpy_htod_pageable_ns", "ms"),
+    "HtoD from pinned (ms)": ("memcpy_htod_pinned_ns", "ms"),
+    "DtoH (ms)": ("memcpy_dtoh_ns", "ms"),
+    "kernels (n)": ("kernel_count", "count"),
+    "kernels (ms)": ("kernel_ns", "ms"),
+    "NCCL kernels (ms)": ("nccl_kernel_ns", "ms"),
+    "cudaLaunchKernel (n)": ("cuda_launch_kernel_count", "count"),
+    "cudaLaunchKernel (ms)": ("cuda_launch_kernel_ns", "ms"),
+    "cudaStreamSynchronize (ms)": ("cuda_stream_synchronize_ns", "ms"),
+    "cudaEventSynchronize (ms)": ("cuda_event_synchronize_ns", "ms"),
+    "cudaEventDestroy (n)": ("cuda_event_destroy_count", "count"),
+    "cudaMemcpyAsync (ms)": ("cuda_memcpy_async_ns", "ms"),
+}
+_UNITS: dict[str, Callable[[float], str]] = {
+    "count": lambda v: f"{v:.0f}", "mib": lambda v: f"{v / 2**20:.4g}", "ms": lambda v: f"{v / 1e6:.4g}"}
+
+
+def display_trace_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
+    """Per config, per rank, mean over traced trials."""
+    out = table[[*spec.grid, "trace", "n"]].copy()
+    for title, (key, unit) in TRACE_COLUMNS.items():
+        out[title] = [_UNITS[unit](v) for v in table[key]]
+    return out
+
+
+def display_pause_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
+    """Configs as rows, epochs as columns: the pause before each epoch's first step (ms)."""
+    wide = table.pivot_table(index=[*spec.grid, "config_id"], columns="epoch", values="pause_ns",
+                             sort=False)
+    counts = table.groupby([*spec.grid, "config_id"], sort=False)["n"].max()
+    out = wide.reset_index().drop(columns="config_id")
+    out.insert(len(spec.grid), "n", counts.to_numpy())
+    return out.rename(columns={e: f"epoch {e} (ms)" for e in wide.columns}).apply(
+        lambda col: col.map(lambda v: f"{v / 1e6:.4g}") if str(col.name).startswith("epoch") else col)
+
+
 def render_markdown(display: pd.DataFrame) -> str:
     return tabulate(display, headers="keys", tablefmt="github", showindex=False) + "\n"
 
@@ -254,7 +296,8 @@ def load_run(path: Path) -> RunData:
     env_path = path / "env.json"
     env = json.loads(env_path.read_text()) if env_path.exists() else {}
     records = store.read(path / store.TRIALS_FILE)
-    return RunData(path, spec, env, records, planned=len(specmod.plan(spec)))
+    timing = [p for p in specmod.plan(spec) if p.trace == "none"]
+    return RunData(path, spec, env, records, planned=len(timing))
 
 
 def write_report(dirs: list[Path], out: Path) -> Path:
@@ -335,6 +378,7 @@ def _experiment_section(run: RunData, name: str, out: Path) -> str:
         render_markdown(display),
         f"Raw per-trial values: `tables/{name}_trials.csv`; all statistics: `tables/{name}.csv`.",
     ]
+    lines += _trace_sections(spec, run.records, name, tables)
     if has_figure:
         lines += ["", f"![{spec.title}](figures/{name}.png)"]
     if has_breakdown:
@@ -345,6 +389,28 @@ def _experiment_section(run: RunData, name: str, out: Path) -> str:
                   f"{(r.message or '').splitlines()[0] if r.message else ''}"
                   for r in failed.itertuples()]
     return "\n".join(lines) + "\n"
+
+
+def _trace_sections(spec: Spec, records: list[dict[str, Any]], name: str, tables: Path) -> list[str]:
+    """The Nsight metrics and the pre-epoch pauses of the traced trials, when there are any."""
+    lines: list[str] = []
+    traces = summarize.trace_table(spec, records)
+    if not traces.empty:
+        display = display_trace_table(spec, traces)
+        (tables / f"{name}_nsight.md").write_text(render_markdown(display), encoding="utf-8")
+        traces.to_csv(tables / f"{name}_nsight.csv", index=False)
+        lines += ["", "Profiled trials (extra, untimed): the paper's Nsight metrics per rank, mean "
+                  "over traced trials; raw traces under `raw/*-<trace>-*/`.", "",
+                  render_markdown(display)]
+    pauses = summarize.pause_table(spec, records)
+    if not pauses.empty:
+        display = display_pause_table(spec, pauses)
+        (tables / f"{name}_pauses.md").write_text(render_markdown(display), encoding="utf-8")
+        pauses.to_csv(tables / f"{name}_pauses.csv", index=False)
+        lines += ["", "Pause before the first step of each epoch, from the trace timeline (the "
+                  "longest over ranks, mean over traced trials; only the epochs a trace covers):",
+                  "", render_markdown(display)]
+    return lines
 
 
 def _verify_section(out: Path) -> str:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gzip
 import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -29,6 +31,7 @@ from multicard import artifact, cost, launch, store, telemetry
 from multicard import spec as specmod
 from multicard.data import mnist, scenario_b
 from multicard.errors import InputError
+from multicard.profiling import nsys, parse
 from multicard.spec import PlannedTrial, Spec
 
 STDERR_TAIL_CHARS = 4000
@@ -62,8 +65,8 @@ def utc_now() -> str:
 
 
 def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], None] = print,
-        data_dir: Path | None = None) -> RunOutcome:
-    """Run (or resume) `spec` into `out`."""
+        data_dir: Path | None = None, trace: str | None = None) -> RunOutcome:
+    """Run (or resume) `spec` into `out`; `trace` overrides the spec's `[trials].trace`."""
     out.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(out / ".run.lock"), timeout=0)
     try:
@@ -71,7 +74,8 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
     except Timeout:
         raise InputError(f"{out}: another multicard run is using this directory") from None
     try:
-        spec = dataclasses.replace(spec, trials=trials or spec.trials)
+        spec = dataclasses.replace(spec, trials=trials or spec.trials,
+                                   trace=resolve_trace(spec, trace or spec.trace, echo))
         data_dir = (data_dir or mnist.default_root()).resolve()
         _prepare(spec, out, data_dir)
         _ensure_datasets(spec, out, data_dir, echo)
@@ -80,12 +84,24 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
         lock.release()
 
 
+def resolve_trace(spec: Spec, mode: str, echo: Callable[[str], None]) -> str:
+    """The trace mode to use: nsys only where it is installed (else torch, if the spec allows)."""
+    if mode != "nsys" or nsys.find_nsys():
+        return mode
+    if spec.trace_fallback:
+        echo("nsys is not on PATH: tracing with the PyTorch profiler instead ([trials].trace_fallback)")
+        return "torch"
+    raise InputError(f"{spec.path}: trace = 'nsys' but nsys is not on PATH (install Nsight Systems, "
+                     "use --trace torch, or set [trials].trace_fallback = true)")
+
+
 def _prepare(spec: Spec, out: Path, data_dir: Path) -> None:
     """Write spec.toml and env.json, or check that `out` holds a run of this same spec."""
     spec_file = out / "spec.toml"
     if spec_file.exists():
         existing = specmod.load(spec_file)
-        comparable = dataclasses.replace(existing, path=spec.path, trials=spec.trials)
+        comparable = dataclasses.replace(existing, path=spec.path, trials=spec.trials,
+                                         trace=spec.trace)
         if comparable != spec:
             raise InputError(f"{out}: holds a run of a different spec or profile "
                              f"({existing.name}, profile {existing.profile}); use another --out")
@@ -125,7 +141,7 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
     records = store.read(trials_file)
     done = store.finished(records)
     planned = specmod.plan(spec)
-    todo = [p for p in planned if (p.config_id, p.trial) not in done]
+    todo = [p for p in planned if p.key not in done]
     estimates = [cost.trial_seconds(spec.workload, p.params) for p in todo]
     echo(f"{spec.name} ({spec.profile}): {len(planned)} trials planned, "
          f"{len(planned) - len(todo)} already ok, {len(todo)} to run, "
@@ -187,7 +203,8 @@ def skipped_record(spec: Spec, planned: PlannedTrial, kind: str, message: str) -
 
 def describe(planned: PlannedTrial) -> str:
     factors = " ".join(f"{k}={v}" for k, v in planned.config.items())
-    return f"{factors} trial {planned.trial}"
+    traced = f" ({planned.trace} trace)" if planned.trace != "none" else ""
+    return f"{factors} trial {planned.trial}{traced}"
 
 
 def format_duration(seconds: float) -> str:
@@ -200,9 +217,10 @@ def format_duration(seconds: float) -> str:
 
 
 def _trial_dir(out: Path, planned: PlannedTrial) -> tuple[Path, int]:
-    """raw/<config_id>-t<trial>-a<attempt>: a new directory per attempt, none ever reused."""
+    """raw/<config_id>-t<trial>[-<trace>]-a<attempt>: a new directory per attempt, never reused."""
+    stem = f"{planned.config_id}-t{planned.trial}" + (f"-{planned.trace}" if planned.trace != "none" else "")
     attempt = 0
-    while (path := out / "raw" / f"{planned.config_id}-t{planned.trial}-a{attempt}").exists():
+    while (path := out / "raw" / f"{stem}-a{attempt}").exists():
         attempt += 1
     path.mkdir(parents=True)
     return path, attempt
@@ -213,7 +231,8 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path) -> d
     trial_dir, attempt = _trial_dir(out, planned)
     settings = dict(planned.params)
     settings["seed"] = int(settings["seed"]) + planned.trial  # independent samples, reproducible
-    argv = launch.WORKLOAD_ARGV[spec.workload](settings, trial_dir, data_dir)
+    wrapper = nsys.wrapper(nsys.find_nsys() or "nsys", trial_dir) if planned.trace == "nsys" else []
+    argv = launch.WORKLOAD_ARGV[spec.workload](settings, trial_dir, data_dir, planned.trace, wrapper)
     env = launch.trial_env(os.environ, int(settings["gpus"]), os.cpu_count() or 1)
     changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
     dropped = [k for k in os.environ if k not in env]
@@ -226,6 +245,7 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path) -> d
     stderr_text = _tail(trial_dir / "stderr.log")
     result = _read_result(trial_dir / "result.json")
     status, error = classify(returncode, timed_out, stderr_text, result, spec.timeout_s)
+    traces = collect_traces(trial_dir, out) if planned.trace != "none" else {}
     return {
         "schema": store.SCHEMA,
         "experiment": spec.name,
@@ -236,15 +256,36 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path) -> d
         "order": planned.order,
         "seed": settings["seed"],
         "profile": spec.profile,
+        "trace": planned.trace,
         "status": status,
         "started": started,
         "started_unix": round(started_unix, 3),
         "wall_s": round(wall, 3),
         "metrics": result["metrics"] if result and status == "ok" else {},
+        "trace_metrics": traces,
         "error": error,
         "artifacts": sorted(p.relative_to(out).as_posix() for p in trial_dir.rglob("*") if p.is_file()),
         "returncode": returncode,
     }
+
+
+def collect_traces(trial_dir: Path, out: Path) -> dict[str, dict[str, Any]]:
+    """Summarise every rank's trace (keyed by its path in the run), then compress SQLite exports;
+    nsys reports (.nsys-rep) are compressed already, Kineto traces are written gzipped."""
+    summaries = {}
+    for path in sorted([*trial_dir.glob("rank*.sqlite"), *trial_dir.glob("trace-rank*.json.gz")]):
+        try:
+            summary = parse.summarize(path)
+        except InputError as exc:  # a trace cut short by a failed trial: keep it, say why
+            summary = {"error": str(exc)}
+        if path.suffix == ".sqlite":
+            packed = path.with_name(path.name + ".gz")
+            with path.open("rb") as source, gzip.open(packed, "wb") as target:
+                shutil.copyfileobj(source, target)
+            path.unlink()
+            path = packed
+        summaries[path.relative_to(out).as_posix()] = summary
+    return summaries
 
 
 def _execute(argv: list[str], env: dict[str, str], trial_dir: Path,

@@ -26,7 +26,9 @@ from multicard.params import Value
 
 SECTIONS = {"experiment", "fixed", "grid", "baseline", "trials", "report", "profiles", "reference"}
 EXPERIMENT_KEYS = {"name", "title", "workload", "paper", "description", "profile"}
-TRIALS_KEYS = {"count", "seed", "timeout_s"}
+TRIALS_KEYS = {"count", "seed", "timeout_s", "trace", "trace_trials", "trace_fallback"}
+TRACE_MODES = ("none", "torch", "nsys")
+TRACE_TRIALS = ("extra", "first")
 REPORT_KEYS = {"primary", "metrics", "figure", "breakdown"}
 PROFILE_KEYS = {"fixed", "grid", "trials", "baseline", "report"}
 SPEEDUP_KEYS = ("speedup_x", "time_reduction_pct", "gain_pct")
@@ -62,6 +64,9 @@ class Spec:
     trials: int
     order_seed: int
     timeout_s: float
+    trace: str  # "none" | "torch" | "nsys"
+    trace_trials: str  # "extra": one more traced trial per config; "first": trial 0 is traced
+    trace_fallback: bool  # without nsys, trace with the torch profiler instead of refusing
     primary: str
     metrics: list[str]
     figure: dict[str, str]
@@ -76,6 +81,11 @@ class PlannedTrial:
     config: dict[str, Value]
     params: dict[str, Value]
     trial: int
+    trace: str = "none"
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        return self.config_id, self.trial, self.trace
 
 
 class _Checker:
@@ -158,6 +168,10 @@ def from_document(doc: dict[str, Any], path: Path, profile: str = "paper") -> Sp
         trials=_int(check, "[trials].count", trials.get("count", 5), minimum=1),
         order_seed=_int(check, "[trials].seed", trials.get("seed", 0), minimum=0),
         timeout_s=_timeout(check, trials.get("timeout_s", DEFAULT_TIMEOUT_S)),
+        trace=_choice(check, "[trials].trace", trials.get("trace", "none"), TRACE_MODES),
+        trace_trials=_choice(check, "[trials].trace_trials", trials.get("trace_trials", "extra"),
+                             TRACE_TRIALS),
+        trace_fallback=_boolean(check, "[trials].trace_fallback", trials.get("trace_fallback", False)),
         **_report(check, doc, grid, workload),
         references=_references(check, doc, workload),
     )
@@ -168,6 +182,18 @@ def from_document(doc: dict[str, Any], path: Path, profile: str = "paper") -> Sp
 def _int(check: _Checker, key: str, value: Any, minimum: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         check.fail(key, f"an integer >= {minimum}", value)
+    return value
+
+
+def _choice(check: _Checker, key: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        check.fail(key, "one of " + ", ".join(repr(c) for c in choices), value)
+    return str(value)
+
+
+def _boolean(check: _Checker, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        check.fail(key, "true or false", value)
     return value
 
 
@@ -341,20 +367,27 @@ def _check_conflicts(check: _Checker, spec: Spec) -> None:
             check.fail(f"config ({where})", f"a runnable combination: {problem}", show_got=False)
 
 
-def plan(spec: Spec, trials: int | None = None) -> list[PlannedTrial]:
+def plan(spec: Spec, trials: int | None = None, trace: str | None = None) -> list[PlannedTrial]:
     """Every (config, trial) in execution order.
 
     Trials are interleaved: round t holds trial t of every config, shuffled with a seed derived
     from `[trials].seed` and t, so slow drift (thermals, noisy neighbours) hits all configs alike.
+    Profiling perturbs timing, so traced trials are kept apart: with `trace_trials = "extra"` one
+    more round of traced trials follows the timing rounds; with "first", trial 0 of every config
+    is traced. Either way the record says so and the timing statistics leave traced trials out.
     """
     count = spec.trials if trials is None else trials
+    mode = spec.trace if trace is None else trace
     grid_points = configs(spec)
+    rounds = [(t, "none") for t in range(count)]
+    if mode != "none":
+        rounds = [(0, mode), *rounds[1:]] if spec.trace_trials == "first" else [*rounds, (0, mode)]
     planned: list[PlannedTrial] = []
-    for t in range(count):
+    for t, trace_mode in rounds:
         order = list(grid_points)
-        random.Random(f"{spec.order_seed}:{t}").shuffle(order)
+        random.Random(f"{spec.order_seed}:{t}:{trace_mode}").shuffle(order)
         for cid, config, settings in order:
-            planned.append(PlannedTrial(len(planned), cid, config, settings, t))
+            planned.append(PlannedTrial(len(planned), cid, config, settings, t, trace_mode))
     return planned
 
 
@@ -374,7 +407,9 @@ def to_toml(spec: Spec) -> str:
         "fixed": spec.fixed,
         "grid": spec.grid,
         "baseline": spec.baseline,
-        "trials": {"count": spec.trials, "seed": spec.order_seed, "timeout_s": spec.timeout_s},
+        "trials": {"count": spec.trials, "seed": spec.order_seed, "timeout_s": spec.timeout_s,
+                   "trace": spec.trace, "trace_trials": spec.trace_trials,
+                   "trace_fallback": spec.trace_fallback},
         "report": {"primary": spec.primary, "metrics": spec.metrics, "figure": spec.figure,
                    "breakdown": spec.breakdown},
         "reference": [

@@ -81,6 +81,7 @@ def read(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def finished(records: Iterable[dict[str, Any]]) -> set[tuple[str, int]]:
-    """(config_id, trial) pairs that have an ok record."""
-    return {(r["config_id"], r["trial"]) for r in records if r.get("status") == "ok"}
+def finished(records: Iterable[dict[str, Any]]) -> set[tuple[str, int, str]]:
+    """(config_id, trial, trace mode) of every trial that has an ok record."""
+    return {(r["config_id"], r["trial"], r.get("trace", "none")) for r in records
+            if r.get("status") == "ok"}

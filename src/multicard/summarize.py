@@ -30,12 +30,18 @@ def scalar(value: Any) -> float:
     return float("nan") if value is None else float(value)
 
 
+def _timing(record: dict[str, Any], spec: Spec) -> bool:
+    """An ok, untraced trial of this experiment: the only kind the timing statistics use."""
+    return (record.get("experiment") == spec.name and record.get("status") == "ok"
+            and record.get("trace", "none") == "none")
+
+
 def trial_table(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
-    """One row per ok trial of this experiment (the last ok record wins a duplicate)."""
+    """One row per ok, untraced trial (the last ok record wins a duplicate)."""
     factors = list(spec.grid)
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     for record in records:
-        if record.get("experiment") != spec.name or record.get("status") != "ok":
+        if not _timing(record, spec):
             continue
         row = {k: record["config"].get(k) for k in factors}
         row |= {"config_id": record["config_id"], "trial": record["trial"]}
@@ -105,6 +111,55 @@ def _speedup(spec: Spec, trials: pd.DataFrame, config: dict[str, Any],
         "gain": stats.gain(ratio.value), "gain.lo": stats.gain(ratio.ci_lo),
         "gain.hi": stats.gain(ratio.ci_hi),
     }
+
+
+def _traced(records: Iterable[dict[str, Any]], spec: Spec) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("experiment") == spec.name and r.get("status") == "ok"
+            and r.get("trace", "none") != "none" and r.get("trace_metrics")]
+
+
+def trace_table(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """Per config: every trace metric, averaged over the ranks of a trial, then over its traced
+    trials (counts, bytes, nanoseconds per rank)."""
+    rows = []
+    for record in _traced(records, spec):
+        per_rank = pd.DataFrame([s for s in record["trace_metrics"].values() if "error" not in s])
+        if per_rank.empty:
+            continue
+        numbers = per_rank.drop(columns=["format", "epoch_pauses_ns"], errors="ignore").mean()
+        rows.append({**record["config"], "config_id": record["config_id"], "trace": record["trace"],
+                     **numbers.to_dict()})
+    if not rows:
+        return pd.DataFrame()
+    frame = _in_grid_order(spec, pd.DataFrame(rows))
+    keys = [*spec.grid, "config_id", "trace"]
+    table = frame.groupby(keys, sort=False).mean(numeric_only=True).reset_index()
+    table.insert(len(keys), "n", frame.groupby(keys, sort=False).size().to_numpy())
+    return table
+
+
+def _in_grid_order(spec: Spec, frame: pd.DataFrame) -> pd.DataFrame:
+    order = {cid: i for i, (cid, _, _) in enumerate(specmod.configs(spec))}
+    return frame.sort_values("config_id", key=lambda ids: ids.map(order), kind="stable")
+
+
+def pause_table(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """Per config and epoch: the pause before its first step (ns), the longest over the ranks of a
+    trial (the job waits for its slowest rank), averaged over traced trials."""
+    rows = []
+    for record in _traced(records, spec):
+        pauses = [{int(e): ns for e, ns in s.get("epoch_pauses_ns", {}).items()}
+                  for s in record["trace_metrics"].values()]
+        for epoch in sorted({e for p in pauses for e in p}):
+            longest = max(p[epoch] for p in pauses if epoch in p)
+            rows.append({**record["config"], "config_id": record["config_id"], "epoch": epoch,
+                         "pause_ns": longest})
+    if not rows:
+        return pd.DataFrame()
+    frame = _in_grid_order(spec, pd.DataFrame(rows))
+    keys = [*spec.grid, "config_id", "epoch"]
+    return frame.groupby(keys, sort=False).agg(n=("pause_ns", "size"),
+                                               pause_ns=("pause_ns", "mean")).reset_index()
 
 
 def cause(status: str, error_type: str | None) -> str:

@@ -28,11 +28,26 @@ def test_multi_node_uses_c10d_at_the_endpoint() -> None:
 
 def test_vision_argv_passes_every_setting(tmp_path: Path) -> None:
     settings = params.resolve("vision", {"gpus": 3, "precision": "fp16"})
-    argv = launch.vision_argv(settings, tmp_path / "t", tmp_path / "data")
-    assert "--nproc-per-node=3" in argv
+    argv = launch.vision_argv(settings, tmp_path / "t", tmp_path / "data", "torch")
+    assert "--nproc-per-node=3" in argv and "--no-python" not in argv
     tail = argv[argv.index("multicard.workloads.vision") + 1:]
-    assert tail[:4] == ["--out", str(tmp_path / "t"), "--data-dir", str(tmp_path / "data")]
-    assert tail[4:] == params.to_flags(settings)
+    assert tail[:6] == ["--out", str(tmp_path / "t"), "--data-dir", str(tmp_path / "data"),
+                        "--trace", "torch"]
+    assert tail[6:] == params.to_flags(settings)
+
+
+def test_nsys_wraps_every_rank_through_no_python(tmp_path: Path) -> None:
+    from multicard.profiling import nsys
+
+    settings = params.resolve("vision", {"gpus": 2})
+    wrapper = nsys.wrapper("/opt/nsys/bin/nsys", tmp_path)
+    argv = launch.vision_argv(settings, tmp_path, tmp_path, "nsys", wrapper)
+    at = argv.index("--no-python")
+    assert argv[at + 1:at + 2 + len(nsys.NSYS_PROFILE)] == ["/opt/nsys/bin/nsys", *nsys.NSYS_PROFILE]
+    assert argv[at + 2 + len(nsys.NSYS_PROFILE)] == f"--output={tmp_path}/rank%q{{RANK}}"
+    assert argv[at + 3 + len(nsys.NSYS_PROFILE):at + 6 + len(nsys.NSYS_PROFILE)] == [
+        sys.executable, "-m", "multicard.workloads.vision"]
+    assert "--capture-range=cudaProfilerApi" in argv and "--export=sqlite" in argv
 
 
 def test_trial_env_drops_tf32_override_and_shares_cores() -> None:

@@ -21,7 +21,7 @@ def test_append_then_read_round_trips(tmp_path: Path) -> None:
     lines = path.read_text().splitlines()
     assert len(lines) == 2 and all(json.loads(line)["schema"] == 1 for line in lines)
     assert [r["trial"] for r in store.read(path)] == [0, 1]
-    assert store.finished(store.read(path)) == {("abc", 0)}
+    assert store.finished(store.read(path)) == {("abc", 0, "none")}
 
 
 def test_torn_last_line_is_skipped_with_a_warning_and_kept(tmp_path: Path) -> None:

@@ -43,6 +43,8 @@ from multicard.data import mnist, scenario_b  # noqa: E402
 from multicard.launch import set_parent_death_signal  # noqa: E402
 from multicard.loaders import LOADERS, LoaderConfig  # noqa: E402
 from multicard.loaders.datasets import collate_for, finish_on_device, make_dataset  # noqa: E402
+from multicard.profiling import TRACE_MODES  # noqa: E402
+from multicard.profiling.capture import TRACERS, NoTracer, TraceConfig, Tracer  # noqa: E402
 from multicard.telemetry import GpuUtilSampler  # noqa: E402
 
 T_IMPORTED = time.time()
@@ -52,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="trial directory for result.json")
     parser.add_argument("--data-dir", type=Path, default=mnist.default_root())
+    parser.add_argument("--trace", choices=TRACE_MODES, default="none",
+                        help="record ranges and a trace of the timed training (profiling/capture.py)")
     for name, param in params.VISION.items():
         parser.add_argument(
             "--" + name.replace("_", "-"),
@@ -104,14 +108,17 @@ def train_step(
     images: torch.Tensor,
     labels: torch.Tensor,
     autocast: Any,
+    tracer: Tracer,
 ) -> torch.Tensor:
-    with autocast:
+    with tracer.range("forward"), autocast:
         loss = F.cross_entropy(model(images), labels)
     optimizer.zero_grad(set_to_none=True)
     # A disabled scaler passes the loss through and calls optimizer.step() unchanged.
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
+    with tracer.range("backward"):
+        scaler.scale(loss).backward()
+    with tracer.range("optimizer_step"):
+        scaler.step(optimizer)
+        scaler.update()
     return loss.detach()
 
 
@@ -145,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     train_config = loader_config(args, "train", rank, world, device)
     loader = LOADERS[args.loader](train_config)
     steps_per_epoch = agree_on_steps(loader.steps_per_epoch, device)
+    tracer = TRACERS[args.trace](TraceConfig(args.out, rank, steps_per_epoch, args.epochs, cuda))
     timeline["data_ready"] = time.time()
 
     # --- model and warm-up: untimed steps on a fixed batch, then back to the initial state ---
@@ -170,22 +178,28 @@ def main(argv: list[str] | None = None) -> None:
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     util = GpuUtilSampler(gpu_uuid(device) if cuda else None)
     with util:
+        tracer.start()
         t_train = time.perf_counter()
         for epoch in range(args.epochs):
             t_epoch = time.perf_counter()
-            batches = loader.epoch(epoch)  # the first next() starts non-persistent workers
+            with tracer.range(f"epoch_start {epoch}"):  # a marker: the pause is measured from it
+                batches = loader.epoch(epoch)  # the first next() starts non-persistent workers
             clock = StepClock(device)
             for step in range(steps_per_epoch):
                 clock.mark()
                 # The first wait counts from the epoch start: worker start-up is the pause.
                 t_wait = t_epoch if step == 0 else time.perf_counter()
-                images, labels, _ = next(batches)
+                with tracer.range("data_wait"):
+                    images, labels, _ = next(batches)
                 waits.append(time.perf_counter() - t_wait)
                 if step == 0:
                     first_waits.append(waits[-1])
-                if args.mode == "train":
-                    images = images.to(param_dtype)  # fp64 only; a no-op for float32
-                    loss_sum += train_step(ddp, optimizer, scaler, images, labels, autocast)
+                with tracer.range("step"):
+                    if args.mode == "train":
+                        images = images.to(param_dtype)  # fp64 only; a no-op for float32
+                        loss_sum += train_step(ddp, optimizer, scaler, images, labels, autocast,
+                                               tracer)
+                tracer.step()
                 samples += len(labels)
             clock.mark()
             if next(batches, None) is not None:  # run the loader to its end: shutdown, reset
@@ -196,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
             h2d.append(loader.h2d_seconds())
         synchronize(device)
         train_time = time.perf_counter() - t_train
+        tracer.stop()
     timeline["train_done"] = time.time()
 
     accuracy, test_images = None, None
@@ -278,7 +293,7 @@ def warm_up(ddp: torch.nn.Module, model: torch.nn.Module, args: argparse.Namespa
         fixed = LOADERS["synthetic"](config)
         images, labels, _ = next(fixed.epoch(0))
         for _ in range(args.warmup_steps):
-            train_step(ddp, optimizer, scaler, images.to(param_dtype), labels, autocast)
+            train_step(ddp, optimizer, scaler, images.to(param_dtype), labels, autocast, NoTracer())
         with torch.no_grad():
             model.load_state_dict(initial_state)
         optimizer = make_optimizer(model, args)

@@ -1,0 +1,95 @@
+"""`trace summarize` on a large synthetic nsys export, against the floor of one plain scan.
+
+    python benchmarks/trace_parse.py [--rows 5000000] [--keep FILE]
+
+Builds an SQLite file in the nsys 2024.6 export schema (tests/fixtures/nsys_schema.py) with
+`--rows` kernel rows and `--rows` runtime-API rows (API names with version suffixes, 2 % CUDA
+backtrace records, a tenth of the kernels NCCL), then times `parse.summarize` on it and
+`SELECT count(*), sum(end - start)` over the same two tables, the least any parser has to read.
+Both are timed warm (file in the page cache), best of three.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the schema lives with the test fixtures
+
+from tests.fixtures import nsys_schema as ns  # noqa: E402
+
+from multicard.profiling import parse  # noqa: E402
+
+API = ["cudaLaunchKernel_v7000", "cudaStreamSynchronize_v3020", "cudaEventSynchronize_v3020",
+       "cudaEventDestroy_v3020", "cudaMemcpyAsync_v3020", "cudaEventRecord_v3020",
+       "cudaLaunchKernel_ptsz_v7000", "cudaGetDevice_v3020", "cuLaunchKernel", "cudaMalloc_v3020"]
+KERNELS = [f"kernel_{i}" for i in range(45)] + [f"ncclDevKernel_{i}" for i in range(5)]
+
+
+def build(path: Path, rows: int) -> None:
+    db = ns.create(path, ns.MODERN)
+    ns.insert(db, "StringIds", list(enumerate(API + KERNELS, start=1)))
+    ns.insert(db, "ENUM_NSYS_EVENT_CLASS", ns.EVENT_CLASSES)
+    series = f"WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {rows - 1})"
+    db.execute(
+        f"INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME {series} SELECT i * 1000, i * 1000 + 1 + i % 997, "
+        f"CASE WHEN i % 50 = 0 THEN 67 ELSE 0 END, {ns.global_tid(4242, 4242)}, i, "
+        f"1 + i % {len(API)}, 0, NULL FROM n")
+    first = len(API) + 1
+    db.execute(
+        f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, "
+        "correlationId, globalPid, demangledName, shortName, registersPerThread, gridX, gridY, "
+        "gridZ, blockX, blockY, blockZ, staticSharedMemory, dynamicSharedMemory, "
+        "localMemoryPerThread, localMemoryTotal, gridId) "
+        f"{series} SELECT i * 1000 + 10, i * 1000 + 20 + i % 991, 0, 1, 7, i, "
+        f"{ns.global_tid(4242, 0)}, {first} + i % {len(KERNELS)}, {first} + i % {len(KERNELS)}, "
+        "32, 1, 1, 1, 128, 1, 1, 0, 0, 0, 0, 1 FROM n")
+    db.commit()
+    db.close()
+
+
+def floor_scan(path: Path) -> None:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"):
+        db.execute(f"SELECT count(*), sum(end - start) FROM {table}").fetchone()
+    db.close()
+
+
+def best_of(runs: int, action: object) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        action()  # type: ignore[operator]
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--keep", type=Path, help="write the generated export here and keep it")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.keep or Path(tmp) / "synthetic.sqlite"
+        start = time.perf_counter()
+        build(path, args.rows)
+        print(f"built {path} ({path.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - start:.1f} s")
+        floor_scan(path)  # warm the page cache
+        summary = parse.summarize(path)
+        floor = best_of(3, lambda: floor_scan(path))
+        ours = best_of(3, lambda: parse.summarize(path))
+    total = 2 * args.rows
+    print(f"kernels {summary['kernel_count']}, cudaLaunchKernel {summary['cuda_launch_kernel_count']}")
+    print(f"floor (count + sum scan of both tables): {floor:.2f} s, {total / floor / 1e6:.1f} M rows/s")
+    print(f"trace summarize:                         {ours:.2f} s, {total / ours / 1e6:.1f} M rows/s")
+    print(f"ratio to the floor: {ours / floor:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,331 @@
+"""Traces -> the paper's Nsight metrics (DESIGN.md "Trace summary"), for nsys SQLite and Kineto JSON.
+
+Every total is aggregated by SQLite or pandas: a trace of a 20-epoch run holds millions of rows.
+The SQL is shaped for speed (benchmarks/trace_parse.py): row selection in WHERE and aggregate
+FILTER clauses, no GROUP BY sort, and each table read at most twice.
+
+nsys SQLite (`nsys export --type sqlite`), any version from 2021 on:
+- names come from `StringIds(id, value)`, or from the older `StringTable(_id_, value)`;
+- a table that is missing counts as zero (exports create tables lazily, only for data they have);
+- runtime API names count after stripping the version suffix and the per-thread-stream suffix
+  (`cudaLaunchKernel_v7000`, `cudaLaunchKernel_ptsz_v7000` -> `cudaLaunchKernel`; the similar
+  `cudaLaunchKernelExC` is another function);
+- rows of CUPTI_ACTIVITY_KIND_RUNTIME whose eventClass is TRACE_PROCESS_EVENT_CUDABACKTRACE (67)
+  repeat a call's interval and correlation id to carry its stack; they are not calls and are
+  not counted;
+- copy direction and source memory come from ENUM_CUDA_MEMCPY_OPER / ENUM_CUDA_MEM_KIND when the
+  export has them, else from nsys's own numbering (HtoD 1, DtoH 2; pageable 0, pinned 1; note that
+  CUPTI numbers memory kinds differently, pageable 1, pinned 2);
+- correlation ids repeat across processes, so nothing here joins on them;
+- text that is not valid UTF-8 is decoded with replacement characters.
+
+Kineto (PyTorch profiler) Chrome traces, plain or gzipped: categories `cuda_runtime`, `kernel`,
+`gpu_memcpy` (direction and memory kind from the name, `Memcpy HtoD (Pinned -> Device)`, bytes
+from `args.bytes`); `ts`/`dur` are microseconds, turned into integer nanoseconds per event.
+
+Pauses before epochs come from the workload's ranges (NVTX in nsys, record_function in Kineto):
+for each `epoch_start <e>` marker, the gap from the end of the last `step` before it (or from the
+marker itself) to the start of the first `step` after it: `epoch_pauses_ns` = {epoch: ns} for
+the epochs the trace covers.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from multicard.errors import InputError
+
+API_METRICS = {
+    "cudaLaunchKernel": "cuda_launch_kernel",
+    "cudaStreamSynchronize": "cuda_stream_synchronize",
+    "cudaEventSynchronize": "cuda_event_synchronize",
+    "cudaEventDestroy": "cuda_event_destroy",
+    "cudaMemcpyAsync": "cuda_memcpy_async",
+}
+COPY_METRICS = ("memcpy_htod", "memcpy_dtoh", "memcpy_htod_pageable", "memcpy_htod_pinned")
+COUNTED = ("kernel", "nccl_kernel", *API_METRICS.values())
+_API_SUFFIX = re.compile(r"(?:_v\d+)?$")
+_PER_THREAD = re.compile(r"_pt(?:sz|ds)$")
+# nsys numbering, used when an export carries no ENUM tables
+NSYS_COPY_KIND = {"CUDA_MEMCPY_KIND_HTOD": 1, "CUDA_MEMCPY_KIND_DTOH": 2}
+NSYS_MEM_KIND = {"CUDA_MEMOPR_MEMORY_KIND_PAGEABLE": 0, "CUDA_MEMOPR_MEMORY_KIND_PINNED": 1}
+BACKTRACE_EVENT_CLASS = ("TRACE_PROCESS_EVENT_CUDABACKTRACE", 67)
+NVTX_RANGE_TYPES = (59, 60, 70, 71)  # push/pop, start/end, and their NVTXT-imported forms
+EPOCH_MARKER, STEP_RANGE = "epoch_start", "step"
+_MARKER = re.compile(rf"^{EPOCH_MARKER} (\d+)$")
+SQLITE_MAGIC, GZIP_MAGIC = b"SQLite format 3\x00", b"\x1f\x8b"
+
+
+def api_name(raw: str) -> str:
+    """`cudaLaunchKernel_ptsz_v7000` -> `cudaLaunchKernel`; other names keep their body."""
+    return _PER_THREAD.sub("", _API_SUFFIX.sub("", raw, count=1))
+
+
+def empty_summary(fmt: str) -> dict[str, Any]:
+    summary: dict[str, Any] = {"format": fmt}
+    for name in COPY_METRICS:
+        summary |= {f"{name}_count": 0, f"{name}_bytes": 0, f"{name}_ns": 0}
+    for name in COUNTED:
+        summary |= {f"{name}_count": 0, f"{name}_ns": 0}
+    summary["epoch_pauses_ns"] = {}
+    return summary
+
+
+def summarize(path: Path) -> dict[str, Any]:
+    """One trace file -> metrics; InputError (exit 2) for a file that is neither format."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(16)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if head.startswith(SQLITE_MAGIC):
+        return summarize_nsys(path)
+    if head.startswith(GZIP_MAGIC):
+        with gzip.open(path, "rb") as f:
+            inner = f.read(16)
+        if inner.startswith(SQLITE_MAGIC):
+            return _with_unpacked_sqlite(path)
+        return summarize_kineto(_load_json(path, gzipped=True), path)
+    if head.lstrip()[:1] in (b"{", b"["):
+        return summarize_kineto(_load_json(path, gzipped=False), path)
+    raise InputError(f"{path}: neither an nsys SQLite export nor a Kineto JSON trace")
+
+
+# --- nsys SQLite -----------------------------------------------------------------------------
+
+def summarize_nsys(path: Path) -> dict[str, Any]:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    db.text_factory = lambda raw: raw.decode("utf-8", errors="replace")
+    try:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not tables & {"StringIds", "StringTable"} and not any(t.startswith("CUPTI_") for t in tables):
+            raise InputError(f"{path}: an SQLite file without nsys tables")
+        strings = _string_table(tables)
+        summary = empty_summary("nsys-sqlite")
+        summary |= _nsys_kernels(db, tables, strings)
+        summary |= _nsys_runtime(db, tables, strings)
+        summary |= _nsys_copies(db, tables)
+        summary["epoch_pauses_ns"] = _nsys_pauses(db, tables, strings)
+        return summary
+    except sqlite3.DatabaseError as exc:
+        raise InputError(f"{path}: unreadable SQLite ({exc})") from None
+    finally:
+        db.close()
+
+
+def _string_table(tables: set[str]) -> str:
+    """A subquery yielding (id, value) from whichever string table the export has."""
+    if "StringIds" in tables:
+        return "(SELECT id, value FROM StringIds)"
+    if "StringTable" in tables:
+        return "(SELECT _id_ AS id, value FROM StringTable)"
+    return "(SELECT NULL AS id, NULL AS value WHERE 0)"
+
+
+def _columns(db: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+
+
+def _ids(db: sqlite3.Connection, strings: str, names: Iterable[str]) -> list[int]:
+    """Ids of the given string values, found with one scan of the (small) string table."""
+    wanted = set(names)
+    return [i for i, value in db.execute(f"SELECT id, value FROM {strings}") if value in wanted]
+
+
+def _nsys_kernels(db: sqlite3.Connection, tables: set[str], strings: str) -> dict[str, int]:
+    table = "CUPTI_ACTIVITY_KIND_KERNEL"
+    if table not in tables:
+        return {}
+    name_column = next((c for c in ("demangledName", "shortName", "name") if c in _columns(db, table)),
+                       None)
+    total = db.execute(f"SELECT COUNT(*), SUM(end - start) FROM {table}").fetchone()
+    out = {"kernel_count": total[0], "kernel_ns": total[1] or 0}
+    nccl = [i for i, v in db.execute(f"SELECT id, value FROM {strings}") if "nccl" in v.lower()] \
+        if name_column else []
+    if nccl:
+        ids = ",".join(map(str, nccl))
+        row = db.execute(f"SELECT COUNT(*), SUM(end - start) FROM {table} "
+                         f"WHERE {name_column} IN ({ids})").fetchone()
+        out |= {"nccl_kernel_count": row[0], "nccl_kernel_ns": row[1] or 0}
+    return out
+
+
+def _nsys_runtime(db: sqlite3.Connection, tables: set[str], strings: str) -> dict[str, int]:
+    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    if table not in tables:
+        return {}
+    by_metric: dict[str, list[int]] = {}
+    for i, value in db.execute(f"SELECT id, value FROM {strings}"):
+        metric = API_METRICS.get(api_name(value)) if value.startswith("cuda") else None
+        if metric:
+            by_metric.setdefault(metric, []).append(i)
+    if not by_metric:
+        return {}
+    every = ",".join(str(i) for ids in by_metric.values() for i in ids)
+    calls = f"nameId IN ({every})"
+    if "eventClass" in _columns(db, table):
+        calls += f" AND eventClass != {_backtrace_class(db, tables)}"
+    selects = []
+    for metric in by_metric:
+        one = f"FILTER (WHERE nameId IN ({','.join(map(str, by_metric[metric]))}))"
+        selects += [f"COUNT(*) {one}", f"SUM(end - start) {one}"]
+    row = db.execute(f"SELECT {', '.join(selects)} FROM {table} WHERE {calls}").fetchone()
+    out = {}
+    for k, metric in enumerate(by_metric):
+        out[f"{metric}_count"], out[f"{metric}_ns"] = row[2 * k] or 0, row[2 * k + 1] or 0
+    return out
+
+
+def _backtrace_class(db: sqlite3.Connection, tables: set[str]) -> int:
+    name, default = BACKTRACE_EVENT_CLASS
+    if "ENUM_NSYS_EVENT_CLASS" in tables:
+        row = db.execute("SELECT id FROM ENUM_NSYS_EVENT_CLASS WHERE name = ?", (name,)).fetchone()
+        if row:
+            return int(row[0])
+    return default
+
+
+def _enum(db: sqlite3.Connection, tables: set[str], table: str, wanted: dict[str, int]) -> dict[str, int]:
+    if table not in tables:
+        return dict(wanted)
+    found = dict(db.execute(f"SELECT name, id FROM {table}").fetchall())
+    return {name: int(found.get(name, default)) for name, default in wanted.items()}
+
+
+def _nsys_copies(db: sqlite3.Connection, tables: set[str]) -> dict[str, int]:
+    table = "CUPTI_ACTIVITY_KIND_MEMCPY"
+    if table not in tables:
+        return {}
+    kinds = _enum(db, tables, "ENUM_CUDA_MEMCPY_OPER", NSYS_COPY_KIND)
+    mem = _enum(db, tables, "ENUM_CUDA_MEM_KIND", NSYS_MEM_KIND)
+    src = "srcKind" if "srcKind" in _columns(db, table) else "NULL"
+    htod, dtoh = kinds["CUDA_MEMCPY_KIND_HTOD"], kinds["CUDA_MEMCPY_KIND_DTOH"]
+    pageable, pinned = mem["CUDA_MEMOPR_MEMORY_KIND_PAGEABLE"], mem["CUDA_MEMOPR_MEMORY_KIND_PINNED"]
+    conditions = {"memcpy_htod": f"copyKind = {htod}", "memcpy_dtoh": f"copyKind = {dtoh}",
+                  "memcpy_htod_pageable": f"copyKind = {htod} AND {src} = {pageable}",
+                  "memcpy_htod_pinned": f"copyKind = {htod} AND {src} = {pinned}"}
+    selects = []
+    for condition in conditions.values():
+        selects += [f"COUNT(*) FILTER (WHERE {condition})", f"SUM(bytes) FILTER (WHERE {condition})",
+                    f"SUM(end - start) FILTER (WHERE {condition})"]
+    row = db.execute(f"SELECT {', '.join(selects)} FROM {table} "
+                     f"WHERE copyKind IN ({htod}, {dtoh})").fetchone()
+    out = {}
+    for k, name in enumerate(conditions):
+        out[f"{name}_count"], out[f"{name}_bytes"], out[f"{name}_ns"] = (v or 0 for v in row[3 * k:3 * k + 3])
+    return out
+
+
+def _nsys_pauses(db: sqlite3.Connection, tables: set[str], strings: str) -> dict[int, int]:
+    if "NVTX_EVENTS" not in tables:
+        return {}
+    columns = _columns(db, "NVTX_EVENTS")
+    text = "COALESCE(s.value, e.text)" if "textId" in columns else "e.text"
+    join = f"LEFT JOIN {strings} s ON e.textId = s.id" if "textId" in columns else ""
+    types = ",".join(map(str, NVTX_RANGE_TYPES))
+    frame = pd.read_sql_query(
+        f"SELECT e.start AS start, e.end AS end, {text} AS name FROM NVTX_EVENTS e {join} "
+        f"WHERE e.eventType IN ({types}) AND ({text} = ? OR {text} LIKE ?)", db,
+        params=(STEP_RANGE, f"{EPOCH_MARKER} %"))
+    return epoch_pauses(frame)
+
+
+def _with_unpacked_sqlite(path: Path) -> dict[str, Any]:
+    import shutil
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".sqlite") as tmp:
+        with gzip.open(path, "rb") as source:
+            shutil.copyfileobj(source, tmp)
+        tmp.flush()
+        return summarize_nsys(Path(tmp.name))
+
+
+# --- Kineto JSON -----------------------------------------------------------------------------
+
+def _load_json(path: Path, gzipped: bool) -> Any:
+    try:
+        raw = gzip.decompress(path.read_bytes()) if gzipped else path.read_bytes()
+        return json.loads(raw.decode("utf-8", errors="replace"))
+    except (json.JSONDecodeError, EOFError, OSError, gzip.BadGzipFile) as exc:
+        raise InputError(f"{path}: neither an nsys SQLite export nor a Kineto JSON trace ({exc})") \
+            from None
+
+
+_COPY_NAME = re.compile(r"^memcpy (\w+) \((\w+) -> (\w+)\)$", re.IGNORECASE)
+
+
+def summarize_kineto(doc: Any, path: Path) -> dict[str, Any]:
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        raise InputError(f"{path}: JSON without a traceEvents list: not a Kineto trace")
+    frame = pd.DataFrame([e for e in events if isinstance(e, dict) and e.get("ph") == "X"],
+                         columns=["cat", "name", "ts", "dur", "args"])
+    summary = empty_summary("kineto-json")
+    if frame.empty:
+        return summary
+    frame["name"] = frame["name"].astype(str)
+    frame["dur_ns"] = (pd.to_numeric(frame["dur"], errors="coerce").fillna(0) * 1000).round().astype(np.int64)
+    kernels = frame[frame["cat"] == "kernel"]
+    nccl = kernels[kernels["name"].str.contains("nccl", case=False, regex=False)]
+    summary |= {"kernel_count": len(kernels), "kernel_ns": int(kernels["dur_ns"].sum()),
+                "nccl_kernel_count": len(nccl), "nccl_kernel_ns": int(nccl["dur_ns"].sum())}
+    runtime = frame[frame["cat"] == "cuda_runtime"]
+    names = runtime["name"].map(api_name).map(API_METRICS)
+    for metric, group in runtime.groupby(names):
+        summary |= {f"{metric}_count": len(group), f"{metric}_ns": int(group["dur_ns"].sum())}
+    summary |= _kineto_copies(frame[frame["cat"] == "gpu_memcpy"])
+    spans = frame[(frame["cat"] == "user_annotation")
+                  & ((frame["name"] == STEP_RANGE) | frame["name"].str.startswith(EPOCH_MARKER))]
+    start = (pd.to_numeric(spans["ts"]) * 1000).round().astype(np.int64)
+    summary["epoch_pauses_ns"] = epoch_pauses(pd.DataFrame(
+        {"start": start, "end": start + spans["dur_ns"], "name": spans["name"]}))
+    return summary
+
+
+def _kineto_copies(copies: pd.DataFrame) -> dict[str, int]:
+    if copies.empty:
+        return {}
+    parts = copies["name"].str.extract(_COPY_NAME)
+    direction, source = parts[0].str.lower(), parts[1].str.lower()
+    size = copies["args"].map(lambda a: a.get("bytes", 0) if isinstance(a, dict) else 0)
+    selections = {"memcpy_htod": direction == "htod", "memcpy_dtoh": direction == "dtoh",
+                  "memcpy_htod_pageable": (direction == "htod") & (source == "pageable"),
+                  "memcpy_htod_pinned": (direction == "htod") & (source == "pinned")}
+    out = {}
+    for name, selected in selections.items():
+        out[f"{name}_count"] = int(selected.sum())
+        out[f"{name}_bytes"] = int(pd.to_numeric(size[selected]).sum())
+        out[f"{name}_ns"] = int(copies["dur_ns"][selected].sum())
+    return out
+
+
+# --- pauses ----------------------------------------------------------------------------------
+
+def epoch_pauses(ranges: pd.DataFrame) -> dict[int, int]:
+    """{epoch: gap in ns before its first step}, from rows (start, end, name); epochs whose first
+    step the trace does not hold are left out."""
+    epochs = ranges["name"].str.extract(_MARKER, expand=False)
+    markers = ranges.assign(epoch=epochs).dropna(subset=["epoch"]).sort_values("start")
+    steps = ranges[ranges["name"] == STEP_RANGE].dropna(subset=["end"])
+    starts = np.sort(steps["start"].to_numpy(np.int64))
+    ends = np.sort(steps["end"].to_numpy(np.int64))
+    pauses = {}
+    for epoch, marker in zip(markers["epoch"].astype(int), markers["start"].astype(np.int64),
+                             strict=True):
+        after = np.searchsorted(starts, marker, side="left")
+        if after == len(starts):
+            continue  # the trace ends before this epoch's first step
+        before = np.searchsorted(ends, marker, side="right")
+        since = ends[before - 1] if before else marker
+        pauses[int(epoch)] = int(starts[after] - since)
+    return pauses

@@ -1,0 +1,30 @@
+"""Nsight Systems around every rank of a real GPU trial (skipped where nsys is not installed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from multicard import runner, spec, store
+from multicard.profiling import nsys
+from tests.helpers import DATA, write_spec
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow,
+              pytest.mark.skipif(nsys.find_nsys() is None, reason="nsys is not installed")]
+
+
+def test_nsys_trace_per_rank_with_the_papers_metrics(tmp_path: Path) -> None:
+    fixed = {"device": "cuda", "image_size": 64, "epochs": 2, "max_steps": 10, "batch_size": 32,
+             "num_workers": 2, "pin_memory": True, "train_subset": 2048, "test_subset": 256}
+    path = write_spec(tmp_path, fixed=fixed, grid={"precision": ["fp32"]},
+                      trials={"count": 1, "trace": "nsys", "timeout_s": 900})
+    outcome = runner.run(spec.load(path), tmp_path / "run", data_dir=DATA, echo=lambda _: None)
+    assert outcome.ok == 2  # the timing trial and the traced one
+    traced = [r for r in store.read(tmp_path / "run" / "trials.jsonl") if r["trace"] == "nsys"]
+    [(name, summary)] = traced[0]["trace_metrics"].items()
+    assert name.endswith("rank0.sqlite.gz")
+    assert (tmp_path / "run" / name).with_name("rank0.nsys-rep").exists()
+    assert summary["kernel_count"] > 0 and summary["cuda_launch_kernel_count"] > 0
+    assert summary["memcpy_htod_pinned_count"] > 0
+    assert set(summary["epoch_pauses_ns"]) == {"0", "1"}  # JSON keys

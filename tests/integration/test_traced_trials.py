@@ -1,0 +1,50 @@
+"""Traced trials on CPU: extra, untimed, one gzipped Kineto trace per rank, parsed into the record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from multicard import report, runner, spec, store
+from multicard.errors import InputError
+from multicard.profiling import nsys
+from tests.helpers import DATA, write_spec
+
+pytestmark = pytest.mark.slow
+
+
+def test_torch_traced_trials_are_extra_and_parsed(tmp_path: Path) -> None:
+    path = write_spec(tmp_path, grid={"gpus": [2]}, trials={"count": 1, "trace": "torch",
+                                                            "timeout_s": 300})
+    outcome = runner.run(spec.load(path), tmp_path / "run", data_dir=DATA, echo=lambda _: None)
+    assert outcome.ok == 2
+    timing, traced = sorted(store.read(tmp_path / "run" / "trials.jsonl"), key=lambda r: r["trace"] != "none")
+    assert (timing["trace"], traced["trace"]) == ("none", "torch")
+    assert timing["trace_metrics"] == {}
+    names = sorted(traced["trace_metrics"])
+    assert [n.rsplit("/", 1)[1] for n in names] == ["trace-rank0.json.gz", "trace-rank1.json.gz"]
+    assert all(s["format"] == "kineto-json" for s in traced["trace_metrics"].values())
+    assert all((tmp_path / "run" / n).exists() for n in names)
+    # 2 epochs x 3 steps: the 6-step window holds both epochs (JSON keys are strings)
+    assert all(set(s["epoch_pauses_ns"]) == {"0", "1"} for s in traced["trace_metrics"].values())
+    report.write_report([tmp_path / "run"], tmp_path / "run")
+    assert (tmp_path / "run" / "tables" / "tiny_nsight.md").exists()
+    pauses = (tmp_path / "run" / "tables" / "tiny_pauses.md").read_text()
+    assert "epoch 0 (ms)" in pauses and "epoch 1 (ms)" in pauses
+    main = (tmp_path / "run" / "tables" / "tiny.md").read_text().splitlines()
+    assert main[2].split("|")[2].strip() == "1"  # n counts the timing trial only
+
+
+def test_nsys_without_nsys_is_refused_or_falls_back(tmp_path: Path) -> None:
+    if nsys.find_nsys():
+        pytest.skip("nsys is installed here")
+    path = write_spec(tmp_path, trials={"count": 1, "trace": "nsys"})
+    with pytest.raises(InputError, match="nsys is not on PATH"):
+        runner.run(spec.load(path), tmp_path / "a", echo=lambda _: None)
+    fallback = write_spec(tmp_path, name="fb", grid={"precision": ["fp32"]},
+                          trials={"count": 1, "trace": "nsys", "trace_fallback": True})
+    messages: list[str] = []
+    runner.run(spec.load(fallback), tmp_path / "b", data_dir=DATA, echo=messages.append)
+    assert any("tracing with the PyTorch profiler instead" in m for m in messages)
+    assert {r["trace"] for r in store.read(tmp_path / "b" / "trials.jsonl")} == {"none", "torch"}
