@@ -359,9 +359,7 @@ def _experiment_section(run: RunData, name: str, out: Path) -> str:
     display = display_table(spec, table)
     tables = out / "tables"
     tables.mkdir(parents=True, exist_ok=True)
-    (tables / f"{name}.md").write_text(render_markdown(display), encoding="utf-8")
-    (tables / f"{name}.tex").write_text(render_latex(display), encoding="utf-8")
-    (tables / f"{name}.csv").write_text(render_csv(table), encoding="utf-8")
+    markdown = _write_tables(tables / name, display, render_csv(table), tex=True)
     trials.to_csv(tables / f"{name}_trials.csv", index=False)
     has_figure = plot_primary(spec, table, trials, out / "figures" / f"{name}.png")
     has_breakdown = plot_breakdown(spec, table, out / "figures" / f"{name}_breakdown.png")
@@ -375,7 +373,7 @@ def _experiment_section(run: RunData, name: str, out: Path) -> str:
         "",
         f"Fixed settings: {fixed}.",
         "",
-        render_markdown(display),
+        markdown,
         f"Raw per-trial values: `tables/{name}_trials.csv`; all statistics: `tables/{name}.csv`.",
     ]
     lines += _trace_sections(spec, run.records, name, tables)
@@ -396,21 +394,27 @@ def _trace_sections(spec: Spec, records: list[dict[str, Any]], name: str, tables
     lines: list[str] = []
     traces = summarize.trace_table(spec, records)
     if not traces.empty:
-        display = display_trace_table(spec, traces)
-        (tables / f"{name}_nsight.md").write_text(render_markdown(display), encoding="utf-8")
-        traces.to_csv(tables / f"{name}_nsight.csv", index=False)
         lines += ["", "Profiled trials (extra, untimed): the paper's Nsight metrics per rank, mean "
                   "over traced trials; raw traces under `raw/*-<trace>-*/`.", "",
-                  render_markdown(display)]
+                  _write_tables(tables / f"{name}_nsight", display_trace_table(spec, traces),
+                                traces.to_csv(index=False))]
     pauses = summarize.pause_table(spec, records)
     if not pauses.empty:
-        display = display_pause_table(spec, pauses)
-        (tables / f"{name}_pauses.md").write_text(render_markdown(display), encoding="utf-8")
-        pauses.to_csv(tables / f"{name}_pauses.csv", index=False)
         lines += ["", "Pause before the first step of each epoch, from the trace timeline (the "
                   "longest over ranks, mean over traced trials; only the epochs a trace covers):",
-                  "", render_markdown(display)]
+                  "", _write_tables(tables / f"{name}_pauses", display_pause_table(spec, pauses),
+                                    pauses.to_csv(index=False))]
     return lines
+
+
+def _write_tables(stem: Path, display: pd.DataFrame, csv: str, tex: bool = False) -> str:
+    """<stem>.md (and .tex) from the display table, <stem>.csv from the numbers; returns the md."""
+    markdown = render_markdown(display)
+    stem.with_suffix(".md").write_text(markdown, encoding="utf-8")
+    stem.with_suffix(".csv").write_text(csv, encoding="utf-8")
+    if tex:
+        stem.with_suffix(".tex").write_text(render_latex(display), encoding="utf-8")
+    return markdown
 
 
 def _verify_section(out: Path) -> str:
