@@ -113,6 +113,13 @@ def nhwc(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def numa(session: nox.Session) -> None:
+    """The NUMA test (binding policies, placement evidence, verdict); `-- --profile controls` for
+    the alternative explanations, `-- --profile dali_affinity` for DALI's thread affinity."""
+    _paper_session(session, "numa_binding")
+
+
+@nox.session(python=False)
 def verify(session: nox.Session) -> None:
     """Check SHA256SUMS of the given run directories (default: every run under artifact/runs/)."""
     python = dev_python(session)

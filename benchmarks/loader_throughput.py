@@ -71,7 +71,7 @@ def main() -> int:
         batch_size=args.batch, rank=0, world=1, seed=0, subset=0, epoch_samples=args.images,
         num_workers=args.workers, pin_memory=device.type == "cuda", prefetch_factor=2,
         persistent_workers=False, layout="nchw", normalize="cpu", dali_threads=args.workers,
-        device=device)
+        dali_affinity=False, device=device)
     rows = [(f"torch, {args.workers} workers", loader_rate("torch", base))]
     rows.append(("torch, in-process (0 workers)",
                  loader_rate("torch", LoaderConfig(**{**base.__dict__, "num_workers": 0}))))

@@ -142,7 +142,7 @@ def capture_env(data_dir: Path | None = None) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "cpu": _cpu(),
         "memory_bytes": _memory_bytes(),
-        "numa_nodes": numa.sysfs_nodes(),
+        "topology": numa.live().to_json(),
         "gpus": _gpus(),
         "torch": _torch_info(),
         "packages": _package_versions(),

@@ -89,6 +89,14 @@ def cmd_trace_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_topo(args: argparse.Namespace) -> int:
+    from multicard import numa
+
+    topology = numa.from_files(args.files) if args.files else numa.live()
+    print(json.dumps(topology.to_json(), indent=1))
+    return 0
+
+
 def cmd_env(args: argparse.Namespace) -> int:
     from multicard import artifact
     from multicard.data import mnist
@@ -154,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", type=Path, metavar="DIR")
 
     add("env", cmd_env, "print the environment record (env.json) to stdout")
+
+    p = add("topo", cmd_topo, "NUMA nodes, GPUs and links as JSON: this machine, or saved outputs "
+            "of `numactl --hardware` / `nvidia-smi topo -m`")
+    p.add_argument("files", type=Path, nargs="*", metavar="FILE")
 
     p = add("trace", lambda a: a.trace_func(a), "profiling traces")
     trace_sub = p.add_subparsers(dest="trace_command", required=True, parser_class=_Parser)

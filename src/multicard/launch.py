@@ -59,6 +59,9 @@ def trial_env(base: Mapping[str, str], ranks_per_node: int, cpu_count: int) -> d
     """
     env = {k: v for k, v in base.items() if k not in DROPPED_ENV}
     env["PYTHONUNBUFFERED"] = "1"
+    # CUDA's default order is "fastest first"; PCI order makes CUDA index i the GPU that NVML,
+    # nvidia-smi and the NUMA topology call i.
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count // ranks_per_node)))
     # The rank processes must import this same copy of the package (a source checkout included).
     package_root = str(Path(multicard.__file__).resolve().parents[1])
@@ -79,6 +82,13 @@ def set_parent_death_signal(parent_pid: int, sig: int = signal.SIGKILL) -> None:
     libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os.kill(os.getpid(), sig)
+
+
+def rank_wrapper(numa_policy: str, device: str, inner: Sequence[str] = ()) -> list[str]:
+    """What runs in front of every rank: the NUMA binder (outermost), then e.g. nsys."""
+    numa = [sys.executable, "-m", "multicard.numa_bind", numa_policy, device, "--"] \
+        if numa_policy != "none" else []
+    return [*numa, *inner]
 
 
 def vision_argv(settings: Mapping[str, Value], trial_dir: Path, data_dir: Path, trace: str,

@@ -1,32 +1,192 @@
-"""NUMA topology of the live machine, read from sysfs."""
+"""NUMA: topology (live or from saved command output), binding policies, placement evidence.
+
+Topology JSON (DESIGN.md "Topology"): `nodes` [{node, cpus, memory_mb}], `gpus` [{gpu, numa_node,
+cpus}], `links` {"GPU0": {"GPU1": "NV18", ...}}. Live, it comes from sysfs (nodes; each GPU's PCI
+device `numa_node` and `local_cpulist`), NVML (which GPUs, their PCI addresses) and
+`nvidia-smi topo -m` (links). Saved outputs of `numactl --hardware` and `nvidia-smi topo -m` are
+recognised from their text, so a reviewer can check the topology of a node they do not have.
+
+Policies, applied per rank by starting it under numactl (`multicard.numa_bind`):
+- `none`: nothing; the kernel's first-touch placement and the scheduler decide.
+- `local`: CPUs and memory of the rank's home node (its GPU's node; on a CPU-only run, node
+  `local_rank mod nodes`). A home node without memory binds memory to the nearest node that has.
+- `remote`: deliberately another node (the farthest one with CPUs): the negative control.
+- `interleave`: pages spread over all nodes with memory, CPUs unbound.
+DataLoader workers are forked from their rank and inherit its binding; the evidence shows it.
+"""
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-SYSFS_NODES = Path("/sys/devices/system/node")
+from multicard.errors import InputError
 
+SYSFS_NODES = Path("/sys/devices/system/node")
+SYSFS_PCI = Path("/sys/bus/pci/devices")
+POLICIES = ("none", "local", "remote", "interleave")
+# Terminal underline codes around the header; some captures lost the ESC byte itself.
+_ANSI = re.compile(r"\x1b?\[[0-9;]*m")
+
+
+@dataclass(frozen=True)
+class Node:
+    node: int
+    cpus: list[int]
+    memory_mb: int | None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    gpu: int
+    numa_node: int | None
+    cpus: list[int]
+
+
+@dataclass(frozen=True)
+class Topology:
+    nodes: list[Node] = field(default_factory=list)
+    gpus: list[Gpu] = field(default_factory=list)
+    links: dict[str, dict[str, str]] = field(default_factory=dict)
+    distances: dict[int, dict[int, int]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"nodes": [asdict(n) for n in self.nodes], "gpus": [asdict(g) for g in self.gpus],
+                "links": self.links}
+
+    def node(self, index: int) -> Node | None:
+        return next((n for n in self.nodes if n.node == index), None)
+
+
+class PolicyNotApplicableError(Exception):
+    """A policy that this topology cannot express (the trial is recorded as skipped)."""
+
+
+# --- text formats ----------------------------------------------------------------------------
 
 def parse_cpulist(text: str) -> list[int]:
-    """Kernel cpulist syntax ("0-3,8,10-11") -> [0, 1, 2, 3, 8, 10, 11]."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
+    """Kernel cpulist syntax ("0-3,8,10-11", or space-separated as numactl prints) -> sorted ints."""
+    cpus: set[int] = set()
+    for part in re.split(r"[,\s]+", text.strip()):
         if not part:
             continue
         lo, _, hi = part.partition("-")
-        cpus.extend(range(int(lo), int(hi or lo) + 1))
-    return cpus
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"not a CPU list: {text!r}")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(cpus)
 
 
-def sysfs_nodes(root: Path = SYSFS_NODES) -> list[dict[str, Any]]:
-    """[{node, cpus, memory_mb}] for every NUMA node; memory_mb is None when unreadable."""
+def parse_numactl_hardware(text: str) -> Topology:
+    """`numactl --hardware`: nodes with their CPUs and memory, and the distance matrix."""
+    cpus: dict[int, list[int]] = {}
+    sizes: dict[int, int] = {}
+    for line in text.splitlines():
+        if match := re.match(r"\s*node (\d+) cpus:(.*)$", line):
+            cpus[int(match.group(1))] = parse_cpulist(match.group(2))
+        elif match := re.match(r"\s*node (\d+) size: (\d+) MB", line):
+            sizes[int(match.group(1))] = int(match.group(2))
+    ids = sorted(set(cpus) | set(sizes))
+    nodes = [Node(i, cpus.get(i, []), sizes.get(i)) for i in ids]
+    return Topology(nodes=nodes, distances=_distances(text))
+
+
+def _distances(text: str) -> dict[int, dict[int, int]]:
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == "node distances:"), None)
+    if start is None or start + 1 >= len(lines):
+        return {}
+    header = [int(x) for x in lines[start + 1].split()[1:]]
+    table = {}
+    for line in lines[start + 2:]:
+        if match := re.match(r"\s*(\d+):\s+([\d\s]+)$", line):
+            table[int(match.group(1))] = dict(zip(header, map(int, match.group(2).split()), strict=False))
+    return table
+
+
+def parse_nvidia_smi_topo(text: str) -> Topology:
+    """`nvidia-smi topo -m`: each GPU's CPU and NUMA affinity columns, and the link matrix.
+
+    Cells are tab-separated (a terminal copy may have spaces); drivers put an extra empty cell
+    before every `N/A`, and leave CPU or NUMA affinity empty under a restricted cpuset. A NUMA
+    affinity that lists several nodes (POWER9 with GPU memory nodes) gives its first node.
+    """
+    lines = [_ANSI.sub("", line) for line in text.splitlines()]
+    header_at = next((i for i, line in enumerate(lines) if re.match(r"\s*GPU0\b", line)), None)
+    if header_at is None:
+        raise ValueError("no GPU0 column header")
+    header = [h for h in _cells(lines[header_at]) if h]
+    linked = [h for h in header if _LINK_COLUMN.fullmatch(h)]
+    gpus, links = [], {}
+    for line in lines[header_at + 1:]:
+        cells = _cells(line)
+        if not cells or not re.fullmatch(r"GPU\d+", cells[0]):
+            continue
+        name, values = cells[0], cells[1:]
+        links[name] = {col: value for col, value in zip(linked, values, strict=False)
+                       if col != name and value not in ("X", "")}
+        rest = [v for i, v in enumerate(values[len(linked):])
+                if not (v == "" and values[len(linked):][i + 1:i + 2] == ["N/A"])]
+        row = dict(zip(header[len(linked):], rest, strict=False))
+        node = row.get("NUMA Affinity", "")
+        cpus = row.get("CPU Affinity", "")
+        gpus.append(Gpu(int(name[3:]), parse_cpulist(node)[0] if node not in ("", "N/A") else None,
+                        parse_cpulist(cpus) if cpus not in ("", "N/A") else []))
+    return Topology(gpus=gpus, links=links)
+
+
+_LINK_COLUMN = re.compile(r"GPU\d+|NIC\d+|mlx\S+")
+
+
+def _cells(line: str) -> list[str]:
+    """Tab-separated cells (empty ones kept), or cells of a copy whose tabs became spaces."""
+    parts = line.split("\t") if "\t" in line else re.split(r" {2,}", line.strip())
+    cells = [c.strip() for c in parts]
+    return cells[1:] if cells and cells[0] == "" else cells
+
+
+def detect_format(text: str) -> str:
+    clean = _ANSI.sub("", text)
+    if re.search(r"^\s*node \d+ cpus:", clean, re.M) or clean.lstrip().startswith("available:"):
+        return "numactl"
+    if re.search(r"^\s*GPU0\b", clean, re.M):
+        return "nvidia-smi"
+    raise ValueError("neither `numactl --hardware` nor `nvidia-smi topo -m` output")
+
+
+def from_files(paths: Iterable[Path]) -> Topology:
+    """Merge saved outputs: nodes from numactl, GPUs and links from nvidia-smi."""
+    nodes: list[Node] = []
+    gpus: list[Gpu] = []
+    links: dict[str, dict[str, str]] = {}
+    distances: dict[int, dict[int, int]] = {}
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+            kind = detect_format(text)
+            part = parse_numactl_hardware(text) if kind == "numactl" else parse_nvidia_smi_topo(text)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+        except ValueError as exc:
+            raise InputError(f"{path}: {exc}") from None
+        nodes, distances = part.nodes or nodes, part.distances or distances
+        gpus, links = part.gpus or gpus, part.links or links
+    return Topology(nodes, gpus, links, distances)
+
+
+# --- the live machine ------------------------------------------------------------------------
+
+def sysfs_nodes(root: Path = SYSFS_NODES) -> list[Node]:
     nodes = []
     for path in sorted(root.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
         cpulist = path / "cpulist"
         cpus = parse_cpulist(cpulist.read_text()) if cpulist.exists() else []
-        nodes.append({"node": int(path.name[4:]), "cpus": cpus, "memory_mb": _memory_mb(path)})
+        nodes.append(Node(int(path.name[4:]), cpus, _memory_mb(path)))
     return nodes
 
 
@@ -37,3 +197,217 @@ def _memory_mb(node_dir: Path) -> int | None:
         return None
     match = re.search(r"MemTotal:\s+(\d+)\s+kB", text)
     return int(match.group(1)) // 1024 if match else None
+
+
+def _sysfs_distances(root: Path = SYSFS_NODES) -> dict[int, dict[int, int]]:
+    table = {}
+    for path in root.glob("node[0-9]*"):
+        try:
+            values = [int(v) for v in (path / "distance").read_text().split()]
+        except (OSError, ValueError):
+            continue
+        table[int(path.name[4:])] = dict(enumerate(values))
+    return table
+
+
+def nvml_gpus(pci_root: Path = SYSFS_PCI) -> list[Gpu]:
+    """GPUs in NVML order with their PCI device's NUMA node and local CPUs (sysfs)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver: no GPUs
+        return []
+    gpus = []
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        bus = pynvml.nvmlDeviceGetPciInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).busId
+        bus = bus.decode() if isinstance(bus, bytes) else bus
+        device = pci_root / _sysfs_pci_address(bus)
+        node = _read_int(device / "numa_node")
+        cpus = parse_cpulist((device / "local_cpulist").read_text()) \
+            if (device / "local_cpulist").exists() else []
+        gpus.append(Gpu(index, node if node is not None and node >= 0 else None, cpus))
+    pynvml.nvmlShutdown()
+    return gpus
+
+
+def _sysfs_pci_address(nvml_bus_id: str) -> str:
+    """NVML's "00000000:1B:00.0" -> sysfs's "0000:1b:00.0"."""
+    domain, rest = nvml_bus_id.split(":", 1)
+    return f"{domain[-4:]}:{rest}".lower()
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def live(with_links: bool = True) -> Topology:
+    """This machine's topology; `with_links=False` skips running nvidia-smi (a rank needs no links)."""
+    links: dict[str, dict[str, str]] = {}
+    if with_links and shutil.which("nvidia-smi"):
+        try:
+            text = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
+                                  timeout=30, check=True).stdout
+            links = parse_nvidia_smi_topo(text).links
+        except (OSError, subprocess.SubprocessError, ValueError):
+            links = {}
+    return Topology(sysfs_nodes(), nvml_gpus(), links, _sysfs_distances())
+
+
+# --- policies --------------------------------------------------------------------------------
+
+def home_node(topology: Topology, device: str, local_rank: int) -> int | None:
+    """The node a rank belongs to: its GPU's (CUDA, GPUs in PCI order), else spread over nodes."""
+    if device == "cuda":
+        gpu = topology.gpus[local_rank] if local_rank < len(topology.gpus) else None
+        return gpu.numa_node if gpu else None
+    with_cpus = [n.node for n in _nodes(topology) if n.cpus]
+    return with_cpus[local_rank % len(with_cpus)] if with_cpus else None
+
+
+def _nodes(topology: Topology) -> list[Node]:
+    """The nodes; from `nvidia-smi topo -m` alone, the GPUs' nodes with their CPUs (memory unknown)."""
+    if topology.nodes:
+        return topology.nodes
+    found: dict[int, set[int]] = {}
+    for gpu in topology.gpus:
+        if gpu.numa_node is not None:
+            found.setdefault(gpu.numa_node, set()).update(gpu.cpus)
+    return [Node(n, sorted(cpus), None) for n, cpus in sorted(found.items())]
+
+
+def _with_memory(topology: Topology) -> list[int]:
+    """Nodes that have memory; unknown memory (None) counts as memory, 0 MB does not."""
+    return [n.node for n in _nodes(topology) if n.memory_mb is None or n.memory_mb > 0]
+
+
+def _nearest(topology: Topology, origin: int, candidates: list[int]) -> int:
+    row = topology.distances.get(origin, {})
+    return min(candidates, key=lambda n: (row.get(n, 10**6 if n != origin else 0), n))
+
+
+def numactl_args(policy: str, topology: Topology, home: int | None) -> list[str]:
+    """The numactl command prefix for a rank whose home node is `home` ([] for `none`)."""
+    if policy == "none":
+        return []
+    if policy == "interleave":
+        if len(_with_memory(topology)) < 2:
+            raise PolicyNotApplicableError("interleave needs two or more NUMA nodes with memory; "
+                                           f"this machine has {len(_with_memory(topology))}")
+        return ["numactl", "--interleave=all"]
+    if home is None:
+        raise PolicyNotApplicableError("the rank's NUMA node is unknown (no NUMA affinity for its GPU)")
+    if policy == "local":
+        target = home
+    elif policy == "remote":
+        others = [n.node for n in _nodes(topology) if n.cpus and n.node != home]
+        if not others:
+            raise PolicyNotApplicableError("remote needs a second NUMA node with CPUs; this machine has one")
+        row = topology.distances.get(home, {})
+        target = max(others, key=lambda n: (row.get(n, 0), -n))
+    else:
+        raise InputError(f"numa_policy: expected one of {', '.join(POLICIES)}, got {policy!r}")
+    return ["numactl", f"--cpunodebind={target}", f"--membind={_memory_for(topology, target, home)}"]
+
+
+def _memory_for(topology: Topology, target: int, home: int) -> int:
+    memory = _with_memory(topology)
+    if target in memory:
+        return target
+    # a memoryless node: the nearest node with memory, but never the home node for `remote`
+    candidates = [n for n in memory if n != home or target == home]
+    if not candidates:
+        raise PolicyNotApplicableError(f"no node with memory to pair with node {target}")
+    return _nearest(topology, target, candidates)
+
+
+# --- placement evidence -----------------------------------------------------------------------
+
+def pages_per_node(numa_maps: str) -> dict[int, int]:
+    """Sum of the `N<node>=<pages>` fields of /proc/<pid>/numa_maps (all page sizes as pages)."""
+    totals: dict[int, int] = {}
+    for node, pages in re.findall(r"\bN(\d+)=(\d+)", numa_maps):
+        totals[int(node)] = totals.get(int(node), 0) + int(pages)
+    return totals
+
+
+def allowed_cpus(status: str) -> list[int]:
+    match = re.search(r"^Cpus_allowed_list:\s*(.+)$", status, re.M)
+    return parse_cpulist(match.group(1)) if match else []
+
+
+def children(pid: int) -> list[int]:
+    """Child processes of `pid` (DataLoader workers of a rank), from /proc/<pid>/task/*/children."""
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return sorted(set(kids))
+
+
+def snapshot(pid: int, role: str, out_dir: Path, label: str) -> dict[str, Any] | None:
+    """Save /proc/<pid>/numa_maps and status under out_dir and return what they show."""
+    try:
+        numa_maps = Path(f"/proc/{pid}/numa_maps").read_text()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # the process ended meanwhile
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{label}-{role}-{pid}.numa_maps").write_text(numa_maps)
+    (out_dir / f"{label}-{role}-{pid}.status").write_text(status)
+    return {"pid": pid, "role": role, "pages": pages_per_node(numa_maps),
+            "cpus": allowed_cpus(status)}
+
+
+def placement(processes: list[dict[str, Any]], home: int | None,
+              home_cpus: list[int]) -> dict[str, float | None]:
+    """local_page_fraction (pages on the home node / all pages, over the processes) and
+    cpus_on_gpu_node_fraction (mean over processes of allowed CPUs on the home node / allowed)."""
+    pages = sum(sum(p["pages"].values()) for p in processes)
+    local = sum(p["pages"].get(home, 0) for p in processes) if home is not None else 0
+    fractions = [len(set(p["cpus"]) & set(home_cpus)) / len(p["cpus"]) for p in processes if p["cpus"]]
+    return {"local_page_fraction": local / pages if pages and home is not None else None,
+            "cpus_on_gpu_node_fraction": sum(fractions) / len(fractions) if fractions else None}
+
+
+class PlacementProbe:
+    """Snapshots a rank and its worker processes once, from a thread, while the rank trains.
+
+    Reading numa_maps walks the process's mappings (milliseconds); doing it from a side thread
+    keeps the training step from waiting on it. Only experiments that ask for evidence run it.
+    """
+
+    def __init__(self, out_dir: Path, label: str, device: str, local_rank: int) -> None:
+        import os
+        import threading
+
+        topology = live(with_links=False)
+        self.home = home_node(topology, device, local_rank)
+        node = topology.node(self.home) if self.home is not None else None
+        self.home_cpus = node.cpus if node else []
+        self.out_dir, self.label, self.pid = out_dir, label, os.getpid()
+        self.processes: list[dict[str, Any]] = []
+        self._thread = threading.Thread(target=self._collect, daemon=True)
+
+    def _collect(self) -> None:
+        rank = snapshot(self.pid, "rank", self.out_dir, self.label)
+        workers = [snapshot(pid, "worker", self.out_dir, self.label) for pid in children(self.pid)]
+        self.processes = [p for p in [rank, *workers] if p is not None]
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def finish(self) -> dict[str, Any]:
+        """Placement metrics plus whether every worker kept its rank's CPU list."""
+        if self._thread.ident:  # started: wait for the snapshot to finish
+            self._thread.join()
+        rank = [p for p in self.processes if p["role"] == "rank"]
+        workers = [p for p in self.processes if p["role"] == "worker"]
+        inherit = all(w["cpus"] == rank[0]["cpus"] for w in workers) if rank and workers else None
+        return {**placement(self.processes, self.home, self.home_cpus), "numa_home_node": self.home,
+                "numa_workers_seen": len(workers), "numa_workers_inherit_cpus": inherit}

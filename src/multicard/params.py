@@ -90,6 +90,14 @@ VISION: dict[str, Param] = {
     "prefetch_factor": Param(int, 2, "DataLoader batches prefetched per worker (default 2)", minimum=1),
     "persistent_workers": Param(bool, False, "keep DataLoader workers between epochs (default: false)"),
     "dali_threads": Param(int, 4, "DALI pipeline CPU threads per rank", minimum=1),
+    "dali_affinity": Param(bool, False, "DALI pins its threads to the CPUs nearest the GPU "
+                           "(Pipeline set_affinity; DALI's default: false)"),
+    "numa_policy": Param(str, "none", "per-rank binding: none, local, remote, interleave (numa.py)",
+                         choices=("none", "local", "remote", "interleave")),
+    "numa_evidence": Param(bool, False, "record numa_maps and CPU lists of every rank and worker "
+                           "mid-epoch (placement metrics)"),
+    "page_cache": Param(str, "as_is", "Scenario B files before each trial: as_is, warm (read "
+                        "once) or cold (evicted, no root needed)", choices=("as_is", "warm", "cold")),
     "cudnn_benchmark": Param(bool, False, "torch.backends.cudnn.benchmark (default: false)"),
     "warmup_steps": Param(int, 5, "untimed steps before training; state restored after", minimum=0),
     "max_steps": Param(int, 0, "steps per epoch: each epoch draws a fixed, seeded random "
@@ -113,6 +121,8 @@ def vision_conflicts(settings: Mapping[str, Value]) -> list[str]:
         problems.append("normalize = 'device' needs scenario = 'b' (Scenario A resizes in float)")
     if settings["persistent_workers"] and settings["num_workers"] == 0:
         problems.append("persistent_workers = true needs num_workers > 0")
+    if settings["page_cache"] != "as_is" and settings["scenario"] != "b":
+        problems.append("page_cache = 'warm'/'cold' acts on files: it needs scenario = 'b'")
     return problems
 
 
@@ -130,6 +140,8 @@ VISION_METRICS: tuple[str, ...] = (
     "peak_mem_bytes",
     "gpu_util_mean",
     "train_loss",
+    "local_page_fraction",
+    "cpus_on_gpu_node_fraction",
 )
 
 WORKLOAD_METRICS: dict[str, tuple[str, ...]] = {"vision": VISION_METRICS}

@@ -60,6 +60,8 @@ METRIC_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "peak_mem_bytes": ("peak mem. (GiB)", _fmt_gib),
     "gpu_util_mean": ("GPU util. (%)", _fmt_pct),
     "train_loss": ("train loss", _fmt_num),
+    "local_page_fraction": ("pages on home node (%)", _fmt_pct),
+    "cpus_on_gpu_node_fraction": ("CPUs on GPU's node (%)", _fmt_pct),
 }
 
 
@@ -336,12 +338,39 @@ def _environment_section(runs: list[RunData], out: Path) -> str:
             "run": _rel(run.path, out), "host": env.get("host"),
             "CPU": (env.get("cpu") or {}).get("model"),
             "CPUs": (env.get("cpu") or {}).get("logical_cpus"),
-            "NUMA nodes": len(env.get("numa_nodes") or []), "GPUs": gpu_text,
+            "NUMA nodes": len((env.get("topology") or {}).get("nodes") or []), "GPUs": gpu_text,
             "torch": torch_info.get("version"), "CUDA": torch_info.get("cuda"),
             "git": ((env.get("git") or {}).get("sha") or "")[:10],
         })
     table = tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
-    return "## Environment\n\nFull details: `env.json` in each run directory.\n\n" + table + "\n"
+    topologies = "".join(f"\nTopology of `{_rel(run.path, out)}` (NUMA nodes, GPUs):\n\n"
+                         f"{topology_tables(run.env)}" for run in runs)
+    return ("## Environment\n\nFull details: `env.json` in each run directory.\n\n" + table + "\n"
+            + topologies)
+
+
+def _cpu_ranges(cpus: list[int]) -> str:
+    """[0, 1, 2, 3, 8] -> "0-3,8"."""
+    runs: list[list[int]] = []
+    for cpu in cpus:
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs) or "–"
+
+
+def topology_tables(env: dict[str, Any]) -> str:
+    """NUMA nodes and GPUs of one run's machine, from env.json."""
+    topology = env.get("topology") or {}
+    nodes = pd.DataFrame([{"node": n["node"], "CPUs": _cpu_ranges(n["cpus"]),
+                           "memory (MB)": n["memory_mb"]} for n in topology.get("nodes", [])])
+    text = tabulate(nodes, headers="keys", tablefmt="github", showindex=False) if len(nodes) else ""
+    gpus = pd.DataFrame([{"GPU": g["gpu"], "NUMA node": g["numa_node"], "CPUs": _cpu_ranges(g["cpus"])}
+                         for g in topology.get("gpus", [])])
+    if len(gpus):
+        text += "\n\n" + tabulate(gpus, headers="keys", tablefmt="github", showindex=False)
+    return text + "\n" if text else "No topology recorded.\n"
 
 
 def _rel(path: Path, out: Path) -> str:
@@ -377,6 +406,8 @@ def _experiment_section(run: RunData, name: str, out: Path) -> str:
         f"Raw per-trial values: `tables/{name}_trials.csv`; all statistics: `tables/{name}.csv`.",
     ]
     lines += _trace_sections(spec, run.records, name, tables)
+    if "numa_policy" in spec.grid:
+        lines += ["", numa_section(spec, trials)]
     if has_figure:
         lines += ["", f"![{spec.title}](figures/{name}.png)"]
     if has_breakdown:
@@ -415,6 +446,31 @@ def _write_tables(stem: Path, display: pd.DataFrame, csv: str, tex: bool = False
     if tex:
         stem.with_suffix(".tex").write_text(render_latex(display), encoding="utf-8")
     return markdown
+
+
+def numa_section(spec: Spec, trials: pd.DataFrame) -> str:
+    """The verdict on the paper's NUMA hypothesis (C10), with the ratios behind each answer."""
+    lines = [f"### NUMA hypothesis ({spec.name})", "",
+             "Ratios are mean(time under the reference) / mean(time under the compared level), with "
+             "a bootstrap 95% CI: above 1 means the compared level is faster (or pauses less), "
+             "below 1 slower; an answer counts only CIs that exclude 1 (README, NUMA).", ""]
+    for number, finding in enumerate(summarize.numa_findings(spec, trials), start=1):
+        lines += [f"{number}. {finding.question} **{finding.answer}**", ""]
+        if not finding.evidence.empty:
+            lines += [render_markdown(_display_effects(spec, finding.evidence)), ""]
+    return "\n".join(lines)
+
+
+def _display_effects(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
+    shown = [k for k in spec.grid if k in table]
+    out = table[shown].copy()
+    out["compared"] = [f"{r['factor']}={r[r['factor']]} vs {r['versus']}" for _, r in table.iterrows()]
+    out["metric"] = [_label(m) for m in table["metric"]]
+    out["ratio [95% CI]"] = [_with_ci(r["ratio"], r["ci_lo"], r["ci_hi"], lambda v: f"{v:.3g}")
+                             for _, r in table.iterrows()]
+    out["CI vs 1"] = table["ci"]
+    out["n"] = [f"{a}/{b}" for a, b in zip(table["n_base"], table["n"], strict=True)]
+    return out
 
 
 def _verify_section(out: Path) -> str:

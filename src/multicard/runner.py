@@ -27,9 +27,9 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from multicard import artifact, cost, launch, store, telemetry
+from multicard import artifact, cost, launch, numa, store, telemetry
 from multicard import spec as specmod
-from multicard.data import mnist, scenario_b
+from multicard.data import mnist, page_cache, scenario_b
 from multicard.errors import InputError
 from multicard.profiling import nsys, parse
 from multicard.spec import PlannedTrial, Spec
@@ -149,8 +149,9 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
     ok = failed = 0
     walls: list[float] = []
     gpus_here = _check_devices(spec, todo)
+    topology = numa.live(with_links=False)
     for index, planned_trial in enumerate(todo):
-        reason = unrunnable(planned_trial.params, gpus_here)
+        reason = unrunnable(planned_trial.params, gpus_here, topology)
         if reason:
             record = skipped_record(spec, planned_trial, *reason)
         else:
@@ -179,13 +180,24 @@ def _check_devices(spec: Spec, todo: list[PlannedTrial]) -> int:
     return count
 
 
-def unrunnable(settings: dict[str, Any], gpus_here: int) -> tuple[str, str] | None:
+def unrunnable(settings: dict[str, Any], gpus_here: int,
+               topology: numa.Topology) -> tuple[str, str] | None:
     """Why this machine cannot run a config at all, or None: such trials are recorded as skipped."""
     needed = int(settings["gpus"])
     if settings["device"] == "cuda" and needed > gpus_here:
         return "NotEnoughGPUs", f"needs {needed} GPUs per node, {gpus_here} visible"
     if settings.get("loader") == "dali" and importlib.util.find_spec("nvidia.dali") is None:
         return "DaliNotInstalled", "loader = 'dali' but nvidia.dali is not installed here"
+    policy = str(settings.get("numa_policy", "none"))
+    if policy != "none":
+        if shutil.which("numactl") is None:
+            return "NumactlNotInstalled", f"numa_policy = {policy!r} needs numactl on PATH"
+        try:
+            for local_rank in range(needed):
+                home = numa.home_node(topology, str(settings["device"]), local_rank)
+                numa.numactl_args(policy, topology, home)
+        except numa.PolicyNotApplicableError as exc:
+            return "NumaPolicyNotApplicable", str(exc)
     return None
 
 
@@ -231,13 +243,17 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path) -> d
     trial_dir, attempt = _trial_dir(out, planned)
     settings = dict(planned.params)
     settings["seed"] = int(settings["seed"]) + planned.trial  # independent samples, reproducible
-    wrapper = nsys.wrapper(nsys.find_nsys() or "nsys", trial_dir) if planned.trace == "nsys" else []
+    profiler = nsys.wrapper(nsys.find_nsys() or "nsys", trial_dir) if planned.trace == "nsys" else []
+    wrapper = launch.rank_wrapper(str(settings["numa_policy"]), str(settings["device"]), profiler)
     argv = launch.WORKLOAD_ARGV[spec.workload](settings, trial_dir, data_dir, planned.trace, wrapper)
     env = launch.trial_env(os.environ, int(settings["gpus"]), os.cpu_count() or 1)
     changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
     dropped = [k for k in os.environ if k not in env]
     (trial_dir / "launch.json").write_text(json.dumps(
         {"argv": argv, "env_set": changed, "env_dropped": dropped, "cwd": str(Path.cwd())}, indent=1))
+    if settings["scenario"] == "b":  # outside the trial's clock
+        tree = scenario_b.tree_path(data_dir, int(settings["image_size"]), str(settings["data_format"]))
+        page_cache.apply(str(settings["page_cache"]), tree)
     started, started_unix = utc_now(), time.time()
     t0 = time.monotonic()
     returncode, timed_out = _execute(argv, env, trial_dir, spec.timeout_s)

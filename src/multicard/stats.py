@@ -110,6 +110,17 @@ def _mean_ratio(b: np.ndarray, o: np.ndarray, axis: int = -1) -> np.ndarray:
     return b.mean(axis=axis) / o.mean(axis=axis)
 
 
+def direction(ci_lo: float, ci_hi: float) -> str:
+    """Where a ratio's CI lies relative to 1: "above", "below", "contains 1" or "undetermined"."""
+    if math.isnan(ci_lo) or math.isnan(ci_hi):
+        return "undetermined"
+    if ci_lo > 1.0:
+        return "above"
+    if ci_hi < 1.0:
+        return "below"
+    return "contains 1"
+
+
 def time_reduction(ratio: float) -> float:
     """Share of the baseline's time saved, from a speed ratio T_base/T_x: 1 - 1/ratio."""
     return 1.0 - 1.0 / ratio

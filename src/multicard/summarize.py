@@ -7,6 +7,7 @@ epoch) enters the per-config statistics as its per-trial mean.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -162,6 +163,31 @@ def pause_table(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
                                                pause_ns=("pause_ns", "mean")).reset_index()
 
 
+def effects(spec: Spec, trials: pd.DataFrame, factor: str, base: Any, metric: str) -> pd.DataFrame:
+    """For each other level of `factor`, mean(metric at base) / mean(metric at level), with its
+    bootstrap 95% CI and where that CI lies, within every combination of the other factors.
+    For a time, a ratio above 1 means the level is faster than the base."""
+    if factor not in spec.grid or base not in spec.grid[factor] or trials.empty:
+        return pd.DataFrame()
+    others = [k for k in spec.grid if k != factor]
+    groups = trials.groupby(others, sort=False) if others else [((), trials)]
+    rows = []
+    for keys, group in groups:
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        reference = group.loc[group[factor] == base, metric].dropna().tolist()
+        for level in spec.grid[factor]:
+            values = group.loc[group[factor] == level, metric].dropna().tolist()
+            if level == base or not values or not reference:
+                continue
+            ratio = stats.ratio_of_means(reference, values)
+            rows.append({**dict(zip(others, keys, strict=True)), "factor": factor, factor: level,
+                         "versus": base,
+                         "metric": metric, "ratio": ratio.value, "ci_lo": ratio.ci_lo,
+                         "ci_hi": ratio.ci_hi, "ci": stats.direction(ratio.ci_lo, ratio.ci_hi),
+                         "n_base": len(reference), "n": len(values)})
+    return pd.DataFrame(rows)
+
+
 def cause(status: str, error_type: str | None) -> str:
     """"oom", "timeout", or "failed: <exception type>" for the failure column."""
     return status if status in ("oom", "timeout") or not error_type else f"{status}: {error_type}"
@@ -175,3 +201,74 @@ def _references(spec: Spec, config: dict[str, Any]) -> dict[str, Any]:
             if ref.outcome:
                 values["outcome"] = ref.outcome
     return values
+
+
+# --- the NUMA hypothesis ---------------------------------------------------------------------
+
+CONTROLS = (("page_cache", "warm"), ("persistent_workers", False), ("normalize", "cpu"))
+PENALTY_GPUS = (3, 4)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One answer: a code for the verdict ("yes", "no", "partly", "not run") and its evidence."""
+
+    question: str
+    answer: str
+    evidence: pd.DataFrame
+
+
+def _select(table: pd.DataFrame, gpus: Iterable[int], **match: Any) -> pd.DataFrame:
+    """Rows of an effects table for the DataLoader (when the grid has loaders) at `gpus`."""
+    if table.empty:
+        return table
+    keep = table["gpus"].isin(list(gpus))
+    if "loader" in table and "loader" not in match:
+        keep &= table["loader"] == "torch"
+    for column, value in match.items():
+        keep &= table[column] == value if column in table else False
+    return table[keep]
+
+
+def numa_findings(spec: Spec, trials: pd.DataFrame) -> list[Finding]:
+    """The three questions of the NUMA test, answered from confidence intervals.
+
+    1. Does `local` remove the DataLoader's 3-4 GPU penalty? `yes` when, at 3-4 GPUs, local is
+       faster than none (CI of T_none/T_local above 1) and the DataLoader is then no slower than
+       DALI (no CI of T_torch/T_dali above 1); `partly` when local is faster but the penalty
+       remains; `no` otherwise; `not run` without 3-4 GPU DataLoader trials under both policies.
+    2. Does `remote` create a penalty? `yes` when remote is slower than none (CI below 1) for the
+       DataLoader at some GPU count.
+    3. Which control explains what is left? Every control (page cache, persistent workers,
+       normalisation on the device) whose effect on time or pauses has a CI excluding 1.
+    """
+    gpus = spec.grid.get("gpus", [spec.fixed.get("gpus")])
+    policy = effects(spec, trials, "numa_policy", "none", "train_time_s")
+    pauses = effects(spec, trials, "numa_policy", "none", "first_batch_latency_s")
+    penalty = effects(spec, trials, "loader", "torch", "train_time_s")
+    local = _select(policy, PENALTY_GPUS, numa_policy="local")
+    left = _select(penalty, PENALTY_GPUS, numa_policy="local", loader="dali")
+    if local.empty:
+        removes = "not run"
+    elif (local["ci"] == "above").all():
+        removes = "partly" if (left["ci"] == "above").any() else "yes"
+    else:
+        removes = "no"
+    remote = _select(policy, gpus, numa_policy="remote")
+    creates = "not run" if remote.empty else ("yes" if (remote["ci"] == "below").any() else "no")
+    tried = [effects(spec, trials, factor, base, metric) for factor, base in CONTROLS
+             for metric in ("train_time_s", "first_batch_latency_s")]
+    tried = [t for t in tried if not t.empty]
+    controls = pd.concat(tried, ignore_index=True) if tried else pd.DataFrame()
+    significant = controls[controls["ci"].isin(["above", "below"])] if tried else controls
+    explains = "not run" if not tried else ", ".join(sorted(set(significant["factor"]))) or "none"
+    # The evidence shows every GPU count the run has; the answers read only 3-4 GPUs.
+    local_evidence = [t for t in (_select(policy, gpus, numa_policy="local"),
+                                  _select(penalty, gpus, numa_policy="local", loader="dali"),
+                                  _select(pauses, gpus, numa_policy="local")) if not t.empty]
+    return [
+        Finding("Does `local` remove the DataLoader's 3-4 GPU penalty?", removes,
+                pd.concat(local_evidence, ignore_index=True) if local_evidence else pd.DataFrame()),
+        Finding("Does `remote` create a penalty?", creates, remote),
+        Finding("Which control explains what is left?", explains, controls),
+    ]

@@ -75,7 +75,7 @@ def test_env_capture_has_the_fields_reviewers_need(tmp_path: Path) -> None:
     json.dumps(env)  # serialisable
     assert env["python"].count(".") == 2
     assert env["cpu"]["logical_cpus"] >= 1
-    assert env["numa_nodes"] and env["numa_nodes"][0]["cpus"]
+    assert env["topology"]["nodes"] and env["topology"]["nodes"][0]["cpus"]
     assert env["storage"]["fstype"]
     assert isinstance(env["gpus"], list)
     assert "multicard" in env["packages"]

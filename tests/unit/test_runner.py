@@ -117,8 +117,17 @@ def test_a_rank_killed_by_a_signal_is_named_from_torchruns_summary() -> None:
 
 
 def test_unrunnable_configs_name_their_reason() -> None:
-    cpu = {"gpus": 2, "device": "cpu", "loader": "torch"}
-    assert runner.unrunnable(cpu, gpus_here=0) is None
-    assert runner.unrunnable({**cpu, "device": "cuda"}, gpus_here=4) is None
-    assert runner.unrunnable({**cpu, "device": "cuda"}, gpus_here=1) == (
+    from multicard import numa
+
+    one_node = numa.Topology(nodes=[numa.Node(0, [0, 1], 16000)])
+    cpu = {"gpus": 2, "device": "cpu", "loader": "torch", "numa_policy": "none"}
+    assert runner.unrunnable(cpu, 0, one_node) is None
+    assert runner.unrunnable({**cpu, "device": "cuda"}, 4, one_node) is None
+    assert runner.unrunnable({**cpu, "device": "cuda"}, 1, one_node) == (
         "NotEnoughGPUs", "needs 2 GPUs per node, 1 visible")
+    assert runner.unrunnable({**cpu, "numa_policy": "local"}, 0, one_node) is None
+    kind, reason = runner.unrunnable({**cpu, "numa_policy": "remote"}, 0, one_node)
+    assert (kind, reason) == ("NumaPolicyNotApplicable",
+                              "remote needs a second NUMA node with CPUs; this machine has one")
+    kind, reason = runner.unrunnable({**cpu, "numa_policy": "interleave"}, 0, one_node)
+    assert reason == "interleave needs two or more NUMA nodes with memory; this machine has 1"

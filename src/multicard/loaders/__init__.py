@@ -47,6 +47,7 @@ class LoaderConfig:
     layout: str  # "nchw" | "nhwc" (channels_last)
     normalize: str  # "cpu" (in the workers, as in the paper) | "device" (after the copy)
     dali_threads: int
+    dali_affinity: bool  # DALI pins its threads near the GPU (CUDA only)
     device: torch.device
 
 

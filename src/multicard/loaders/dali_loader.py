@@ -43,6 +43,7 @@ class DaliLoader:
             root=str(tree), files=files, indices=chosen.tolist(), rank=config.rank,
             world=config.world, decoder="mixed" if self.cuda else "cpu",
             layout="HWC" if config.layout == "nhwc" else "CHW",
+            set_affinity=config.dali_affinity and self.cuda,
         )
         pipe.build()
         self.iterator = DALIGenericIterator(
@@ -66,10 +67,11 @@ class DaliLoader:
 
 def _pipeline(batch_size: int, num_threads: int, device_id: int | None, seed: int, root: str,
               files: list[str], indices: list[int], rank: int, world: int, decoder: str,
-              layout: str) -> Any:
+              layout: str, set_affinity: bool) -> Any:
     from nvidia.dali import fn, pipeline_def, types
 
-    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed)
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
+                  set_affinity=set_affinity)
     def scenario_b() -> tuple[Any, Any]:
         # The "label" of each file is its dataset index; the class is looked up from it.
         encoded, index = fn.readers.file(

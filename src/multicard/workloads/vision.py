@@ -38,7 +38,7 @@ import torchvision  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 
-from multicard import params, precision  # noqa: E402
+from multicard import numa, params, precision  # noqa: E402
 from multicard.data import mnist, scenario_b  # noqa: E402
 from multicard.launch import set_parent_death_signal  # noqa: E402
 from multicard.loaders import LOADERS, LoaderConfig  # noqa: E402
@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     loader = LOADERS[args.loader](train_config)
     steps_per_epoch = agree_on_steps(loader.steps_per_epoch, device)
     tracer = TRACERS[args.trace](TraceConfig(args.out, rank, steps_per_epoch, args.epochs, cuda))
+    probe = numa.PlacementProbe(args.out / "numa", f"rank{rank}", args.device, local_rank) \
+        if args.numa_evidence else None
     timeline["data_ready"] = time.time()
 
     # --- model and warm-up: untimed steps on a fixed batch, then back to the initial state ---
@@ -189,6 +191,8 @@ def main(argv: list[str] | None = None) -> None:
                 clock.mark()
                 # The first wait counts from the epoch start: worker start-up is the pause.
                 t_wait = t_epoch if step == 0 else time.perf_counter()
+                if probe and epoch == 0 and step == steps_per_epoch // 2:
+                    probe.start()  # mid-epoch: the workers are alive and have touched their data
                 with tracer.range("data_wait"):
                     images, labels, _ = next(batches)
                 waits.append(time.perf_counter() - t_wait)
@@ -234,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
         "gpu_util_mean": util.mean(),
         "host": os.uname().nodename,
         "pid": os.getpid(),
+        **(probe.finish() if probe else {}),
     }
     gathered: list[dict[str, Any]] = [{} for _ in range(world)]
     dist.all_gather_object(gathered, local)
@@ -268,7 +273,7 @@ def loader_config(args: argparse.Namespace, split: str, rank: int, world: int,
         num_workers=args.num_workers, pin_memory=args.pin_memory,
         prefetch_factor=args.prefetch_factor, persistent_workers=args.persistent_workers,
         layout=args.layout, normalize=args.normalize, dali_threads=args.dali_threads,
-        device=device,
+        dali_affinity=args.dali_affinity, device=device,
     )
 
 
@@ -335,7 +340,10 @@ def combine_ranks(ranks: list[dict[str, Any]], test_accuracy: float | None) -> d
     epochs = len(ranks[0]["epoch_time_s"])
     step_times = [s for r in ranks for s in r["step_times_s"]]
     h2d = [r["h2d_time_s"] for r in ranks if r["h2d_time_s"] is not None]
-    utils = [r["gpu_util_mean"] for r in ranks if r["gpu_util_mean"] is not None]
+    def mean_of(key: str) -> float | None:
+        values = [r[key] for r in ranks if r.get(key) is not None]
+        return statistics.fmean(values) if values else None
+
     return {
         "train_time_s": train_time,
         "epoch_time_s": [max(r["epoch_time_s"][e] for r in ranks) for e in range(epochs)],
@@ -347,8 +355,10 @@ def combine_ranks(ranks: list[dict[str, Any]], test_accuracy: float | None) -> d
         "h2d_time_s": max(h2d) if h2d else None,
         "test_accuracy": test_accuracy,
         "peak_mem_bytes": max(r["peak_mem_bytes"] for r in ranks),
-        "gpu_util_mean": statistics.fmean(utils) if utils else None,
+        "gpu_util_mean": mean_of("gpu_util_mean"),
         "train_loss": statistics.fmean(r["loss_mean"] for r in ranks),
+        "local_page_fraction": mean_of("local_page_fraction"),
+        "cpus_on_gpu_node_fraction": mean_of("cpus_on_gpu_node_fraction"),
     }
 
 

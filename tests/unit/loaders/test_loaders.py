@@ -31,7 +31,7 @@ def config(tree: Path | None, **changes: object) -> LoaderConfig:
         scenario="b", mnist_dir=DATA / "mnist", tree=tree, split="train", image_size=32,
         batch_size=16, rank=0, world=1, seed=7, subset=0, epoch_samples=0, num_workers=0,
         pin_memory=False, prefetch_factor=2, persistent_workers=False, layout="nchw",
-        normalize="cpu", dali_threads=1, device=torch.device("cpu"))
+        normalize="cpu", dali_threads=1, dali_affinity=False, device=torch.device("cpu"))
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 

@@ -1,0 +1,44 @@
+"""Real CPU ranks under numactl: the binding applies and the evidence shows where pages and CPUs are."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from multicard import numa, runner, spec, store
+from tests.helpers import DATA, write_spec
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl is not installed")]
+
+
+def test_local_policy_records_pages_and_cpus_of_every_rank_and_worker(tmp_path: Path) -> None:
+    fixed = {"device": "cpu", "image_size": 32, "epochs": 1, "max_steps": 6, "batch_size": 16,
+             "num_workers": 1, "warmup_steps": 0, "train_subset": 256, "test_subset": 32,
+             "numa_evidence": True, "gpus": 2}
+    path = write_spec(tmp_path, fixed=fixed, grid={"numa_policy": ["local"]})
+    outcome = runner.run(spec.load(path), tmp_path / "run", data_dir=DATA, echo=lambda _: None)
+    assert outcome.ok == 1
+    [record] = store.read(tmp_path / "run" / "trials.jsonl")
+    launch = json.loads((tmp_path / "run" / record["artifacts"][0]).read_text())
+    assert "multicard.numa_bind" in launch["argv"] and "local" in launch["argv"]
+    evidence = sorted((tmp_path / "run").glob("raw/*/numa/*.numa_maps"))
+    roles = sorted({p.name.split("-")[0] + "-" + p.name.split("-")[1] for p in evidence})
+    assert roles == ["rank0-rank", "rank0-worker", "rank1-rank", "rank1-worker"]
+    topology = numa.live(with_links=False)
+    home = numa.home_node(topology, "cpu", 0)
+    home_cpus = topology.node(home).cpus  # type: ignore[union-attr]
+    for maps in evidence:
+        pages = numa.pages_per_node(maps.read_text())
+        assert pages and home in pages
+        status = maps.with_suffix(".status").read_text()
+        assert set(numa.allowed_cpus(status)) <= set(home_cpus)
+    m = record["metrics"]
+    assert m["cpus_on_gpu_node_fraction"] == 1.0
+    assert 0 < m["local_page_fraction"] <= 1
+    result = json.loads(next((tmp_path / "run").glob("raw/*/result.json")).read_text())
+    assert all(r["numa_workers_inherit_cpus"] for r in result["ranks"])
+    assert all(r["numa_workers_seen"] == 1 for r in result["ranks"])

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from multicard.data import page_cache
+
+
+def test_warm_reads_every_byte_and_cold_touches_every_file(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.jpg").write_bytes(b"1" * 5000)
+    (tmp_path / "y.txt").write_bytes(b"2" * 10)
+    assert page_cache.warm(tmp_path) == 5010
+    advised: list[int] = []
+    real = os.posix_fadvise
+
+    def record(fd: int, offset: int, length: int, advice: int) -> None:
+        advised.append(advice)
+        real(fd, offset, length, advice)  # and really evict
+
+    monkeypatch.setattr(os, "posix_fadvise", record)
+    assert page_cache.evict(tmp_path) == 2
+    assert advised == [os.POSIX_FADV_DONTNEED] * 2
+    assert (tmp_path / "a" / "x.jpg").read_bytes() == b"1" * 5000  # data untouched

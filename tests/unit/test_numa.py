@@ -1,0 +1,166 @@
+"""Topology parsers on real command outputs (tests/fixtures/topology/README.md) and the policies."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from multicard import numa
+from multicard.errors import InputError
+from tests.helpers import ROOT
+
+FIXTURES = ROOT / "tests" / "fixtures" / "topology"
+
+
+def load(*names: str) -> numa.Topology:
+    return numa.from_files([FIXTURES / n for n in names])
+
+
+ONE_NODE = "numactl_one_node.txt"
+TWO_SOCKETS = "numactl_two_sockets.txt"
+MEMORYLESS = "numactl_memoryless_nodes.txt"
+CPULESS = "numactl_cpuless_nodes.txt"
+GPU4 = "nvidia_smi_topo_4gpu_2socket.txt"  # the same machine as TWO_SOCKETS (della-i16g1)
+GPU8 = "nvidia_smi_topo_8gpu_nvlink.txt"
+
+
+def test_two_socket_numactl() -> None:
+    t = load(TWO_SOCKETS)
+    assert [(n.node, n.cpus, n.memory_mb) for n in t.nodes] == [
+        (0, list(range(24)), 515346), (1, list(range(24, 48)), 516087)]
+    assert t.distances == {0: {0: 10, 1: 32}, 1: {0: 32, 1: 10}}
+
+
+def test_node_with_cpus_but_no_memory_and_nodes_with_memory_but_no_cpus() -> None:
+    memoryless = load(MEMORYLESS)
+    assert len(memoryless.nodes) == 8
+    node1 = memoryless.node(1)
+    assert node1 and node1.memory_mb == 0 and node1.cpus == [*range(8, 16), *range(72, 80)]
+    assert memoryless.distances[1][4] == 32
+    cpuless = load(CPULESS)
+    assert [(n.node, len(n.cpus), n.memory_mb) for n in cpuless.nodes] == [
+        (0, 104, 515489), (1, 104, 515028), (2, 0, 65536), (3, 0, 65536)]
+
+
+def test_one_node() -> None:
+    t = load(ONE_NODE)
+    assert len(t.nodes) == 1 and t.nodes[0].node == 0 and t.nodes[0].cpus
+
+
+def test_four_gpus_on_two_sockets() -> None:
+    t = load(GPU4)
+    assert [(g.gpu, g.numa_node) for g in t.gpus] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    assert t.gpus[3].cpus == list(range(24, 48))
+    assert t.links["GPU0"] == {"GPU1": "NV4", "GPU2": "NV4", "GPU3": "NV4", "mlx5_0": "NODE"}
+    assert t.links["GPU2"]["mlx5_0"] == "SYS"
+
+
+def test_eight_gpu_nvlink_machine_with_nps4_nodes() -> None:
+    t = load(GPU8)
+    assert [g.numa_node for g in t.gpus] == [3, 3, 1, 1, 7, 7, 5, 5]
+    assert t.gpus[0].cpus == [*range(48, 64), *range(176, 192)]
+    assert sorted(t.links) == [f"GPU{i}" for i in range(8)]
+    assert t.links["GPU7"]["GPU0"] == "NV12" and t.links["GPU0"]["NIC0"] == "PXB"
+    assert len(t.links["GPU0"]) == 7 + 10  # 7 GPUs and 10 NICs, not itself
+
+
+def test_newer_driver_columns_empty_cells_and_old_drivers() -> None:
+    modern = load("nvidia_smi_topo_gpu_numa_id.txt")  # extra GPU NUMA ID column
+    assert [(g.numa_node, g.cpus[-1]) for g in modern.gpus] == [(0, 383), (0, 383), (1, 511), (1, 511)]
+    restricted = load("nvidia_smi_topo_cpuset_restricted.txt")  # empty CPU affinity in a cpuset
+    assert [(g.numa_node, len(g.cpus)) for g in restricted.gpus] == [(0, 16), (1, 0), (1, 0), (1, 0)]
+    old = load("nvidia_smi_topo_old_driver.txt")  # no NUMA Affinity column at all
+    assert [g.numa_node for g in old.gpus] == [None] * 4 and old.gpus[2].cpus == list(range(6, 12))
+
+
+def test_underlined_header_and_space_separated_copies() -> None:
+    tabs = (FIXTURES / GPU4).read_text()
+    header, rest = tabs.split("\n", 1)
+    for underline in ("\x1b[4m", "[4m"):  # a capture through a pipe; some lose the ESC byte
+        text = header.replace("\tGPU0", f"\t{underline}GPU0", 1) + "[0m\n" + rest
+        assert numa.parse_nvidia_smi_topo(text) == numa.parse_nvidia_smi_topo(tabs)
+    spaces = tabs.expandtabs(8)
+    assert numa.parse_nvidia_smi_topo(spaces).gpus == numa.parse_nvidia_smi_topo(tabs).gpus
+
+
+def test_merged_outputs_of_one_machine() -> None:
+    t = load(TWO_SOCKETS, GPU4)
+    assert len(t.nodes) == 2 and len(t.gpus) == 4
+    assert set(t.to_json()) == {"nodes", "gpus", "links"}
+
+
+def test_unrecognised_text_is_bad_input(tmp_path: Path) -> None:
+    junk = tmp_path / "notes.txt"
+    junk.write_text("hello world\n")
+    with pytest.raises(InputError, match=f"{junk}: neither"):
+        numa.from_files([junk])
+
+
+@pytest.mark.parametrize(
+    ("files", "device", "local_rank", "policy", "expected"),
+    [
+        ((ONE_NODE,), "cpu", 1, "local", ["numactl", "--cpunodebind=0", "--membind=0"]),
+        ((ONE_NODE,), "cpu", 0, "none", []),
+        ((TWO_SOCKETS, GPU4), "cuda", 2, "local", ["numactl", "--cpunodebind=1", "--membind=1"]),
+        ((TWO_SOCKETS, GPU4), "cuda", 2, "remote", ["numactl", "--cpunodebind=0", "--membind=0"]),
+        ((TWO_SOCKETS, GPU4), "cuda", 0, "interleave", ["numactl", "--interleave=all"]),
+        # memoryless home node 1: memory from the nearest node that has some (0 at distance 16)
+        ((MEMORYLESS,), "cpu", 1, "local", ["numactl", "--cpunodebind=1", "--membind=0"]),
+        # remote from node 1: the farthest node with CPUs (4, at 32), which has memory
+        ((MEMORYLESS,), "cpu", 1, "remote", ["numactl", "--cpunodebind=4", "--membind=4"]),
+        ((MEMORYLESS,), "cpu", 0, "interleave", ["numactl", "--interleave=all"]),
+        # CPU-less HBM nodes 2 and 3 never take ranks
+        ((CPULESS,), "cpu", 1, "local", ["numactl", "--cpunodebind=1", "--membind=1"]),
+        ((CPULESS,), "cpu", 0, "remote", ["numactl", "--cpunodebind=1", "--membind=1"]),
+        # from `nvidia-smi topo -m` alone: nodes are the GPUs' NUMA affinities
+        ((GPU8,), "cuda", 4, "local", ["numactl", "--cpunodebind=7", "--membind=7"]),
+        # no distances known: the lowest other node
+        ((GPU8,), "cuda", 0, "remote", ["numactl", "--cpunodebind=1", "--membind=1"]),
+        ((GPU8,), "cuda", 0, "interleave", ["numactl", "--interleave=all"]),
+    ],
+)
+def test_policy_to_command_line(files: tuple[str, ...], device: str, local_rank: int, policy: str,
+                                expected: list[str]) -> None:
+    topology = load(*files)
+    home = numa.home_node(topology, device, local_rank)
+    assert numa.numactl_args(policy, topology, home) == expected
+
+
+@pytest.mark.parametrize(
+    ("files", "device", "local_rank", "policy", "reason"),
+    [((ONE_NODE,), "cpu", 0, "remote", "remote needs a second NUMA node with CPUs"),
+     ((ONE_NODE,), "cpu", 0, "interleave", "interleave needs two or more NUMA nodes with memory"),
+     (("nvidia_smi_topo_old_driver.txt",), "cuda", 0, "local", "NUMA node is unknown")],
+)
+def test_policies_a_topology_cannot_express(files: tuple[str, ...], device: str, local_rank: int,
+                                            policy: str, reason: str) -> None:
+    topology = load(*files)
+    with pytest.raises(numa.PolicyNotApplicableError, match=reason):
+        numa.numactl_args(policy, topology, numa.home_node(topology, device, local_rank))
+
+
+def test_numa_maps_and_status_parsing() -> None:
+    maps = ("7f00 default file=/lib/x.so mapped=3 N0=3 kernelpagesize_kB=4\n"
+            "7f10 interleave:0-1 anon=10 dirty=10 N0=4 N1=6 kernelpagesize_kB=4\n"
+            "7f20 bind:1 huge anon=2 N1=2 kernelpagesize_kB=2048\n")
+    assert numa.pages_per_node(maps) == {0: 7, 1: 8}
+    assert numa.allowed_cpus("Name:\tpython\nCpus_allowed_list:\t0-3,8\n") == [0, 1, 2, 3, 8]
+    processes = [{"pages": {0: 7, 1: 8}, "cpus": [0, 1, 2, 3]}, {"pages": {1: 5}, "cpus": [2, 3]}]
+    assert numa.placement(processes, home=1, home_cpus=[2, 3]) == {
+        "local_page_fraction": 13 / 20, "cpus_on_gpu_node_fraction": (0.5 + 1.0) / 2}
+
+
+def test_topo_cli_prints_the_contract_json() -> None:
+    result = subprocess.run([sys.executable, "-m", "multicard", "topo", str(FIXTURES / TWO_SOCKETS),
+                             str(FIXTURES / GPU4)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0
+    data = json.loads(result.stdout)
+    assert data["gpus"][2] == {"gpu": 2, "numa_node": 1, "cpus": list(range(24, 48))}
+    assert data["nodes"][1]["memory_mb"] == 516087
+    live = subprocess.run([sys.executable, "-m", "multicard", "topo"], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert live.returncode == 0 and json.loads(live.stdout)["nodes"]

@@ -1,0 +1,85 @@
+"""The NUMA verdict rules on constructed trial tables (every answer branch)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from multicard import spec, summarize
+from tests.helpers import EXPERIMENTS
+
+SPEC = spec.load(EXPERIMENTS / "numa_binding.toml")
+
+
+def trials(times: dict[tuple[str, str, int], list[float]]) -> pd.DataFrame:
+    """{(loader, policy, gpus): train times} -> a trial table (layout nchw; pauses = time / 10)."""
+    rows = []
+    for (loader, policy, gpus), values in times.items():
+        for t, value in enumerate(values):
+            rows.append({"loader": loader, "layout": "nchw", "numa_policy": policy, "gpus": gpus,
+                         "config_id": f"{loader}-{policy}-{gpus}", "trial": t,
+                         "train_time_s": value, "first_batch_latency_s": value / 10})
+    return pd.DataFrame(rows)
+
+
+BASE = {("torch", "none", g): [10.0, 10.2, 9.8] for g in (3, 4)} | {
+    ("dali", "none", g): [8.0, 8.1, 7.9] for g in (3, 4)} | {
+    ("dali", "local", g): [8.0, 8.1, 7.9] for g in (3, 4)}
+
+
+def answers(table: pd.DataFrame) -> list[str]:
+    return [f.answer for f in summarize.numa_findings(SPEC, table)]
+
+
+def test_local_removes_the_penalty() -> None:
+    table = trials(BASE | {("torch", "local", g): [8.0, 8.1, 7.9] for g in (3, 4)})
+    assert answers(table)[0] == "yes"
+
+
+def test_local_helps_but_the_penalty_remains() -> None:
+    table = trials(BASE | {("torch", "local", g): [9.0, 9.1, 8.9] for g in (3, 4)})
+    assert answers(table)[0] == "partly"
+
+
+def test_local_does_not_help() -> None:
+    table = trials(BASE | {("torch", "local", g): [10.1, 9.9, 10.0] for g in (3, 4)})
+    finding = summarize.numa_findings(SPEC, table)[0]
+    assert finding.answer == "no"
+    assert set(finding.evidence["ci"]) >= {"contains 1"}
+
+
+def test_without_3_4_gpu_trials_the_answer_is_not_run() -> None:
+    table = trials({("torch", "none", 2): [10.0, 10.1], ("torch", "local", 2): [9.0, 9.1]})
+    finding = summarize.numa_findings(SPEC, table)[0]
+    assert finding.answer == "not run"
+    assert finding.evidence["gpus"].tolist() == [2, 2]  # the 2-GPU evidence is still shown
+
+
+@pytest.mark.parametrize(("remote_times", "answer"), [([12.0, 12.2, 11.9], "yes"),
+                                                      ([10.0, 10.1, 9.9], "no")])
+def test_remote_creates_a_penalty_or_not(remote_times: list[float], answer: str) -> None:
+    table = trials({("torch", "none", 1): [10.0, 10.2, 9.8], ("torch", "remote", 1): remote_times})
+    assert answers(table)[1] == answer
+
+
+def test_controls_that_matter_are_named() -> None:
+    controls = spec.load(EXPERIMENTS / "numa_binding.toml", "controls")
+    rows = []
+    for cache, seconds in (("warm", [10.0, 10.1, 9.9]), ("cold", [14.0, 14.2, 13.8])):
+        for workers, factor in ((False, 1.0), (True, 1.0)):
+            for t, value in enumerate(seconds):
+                rows.append({"numa_policy": "none", "page_cache": cache, "persistent_workers": workers,
+                             "normalize": "cpu", "gpus": 4, "config_id": f"{cache}{workers}",
+                             "trial": t, "train_time_s": value * factor,
+                             "first_batch_latency_s": 1.0 + 0.01 * t})
+    finding = summarize.numa_findings(controls, pd.DataFrame(rows))[2]
+    assert finding.answer == "page_cache"
+    assert set(finding.evidence["factor"]) == {"page_cache", "persistent_workers"}
+
+
+def test_effects_ratio_and_direction() -> None:
+    table = trials({("torch", "none", 3): [10.0, 10.0], ("torch", "local", 3): [5.0, 5.0]})
+    effect = summarize.effects(SPEC, table, "numa_policy", "none", "train_time_s")
+    row = effect.iloc[0]
+    assert (row["numa_policy"], row["versus"], row["ratio"]) == ("local", "none", 2.0)
+    assert (row["ci_lo"], row["ci_hi"], row["ci"]) == (2.0, 2.0, "above")
