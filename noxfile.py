@@ -113,6 +113,18 @@ def nhwc(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def table4(session: nox.Session) -> None:
+    """Table 4 (Llama3-8B LoRA/QLoRA/DPO/QAT/full x GEC/SAMSum x 1-4 GPUs, torchtune); -- ARGS to run."""
+    _paper_session(session, "table4_llm_methods")
+
+
+@nox.session(python=False)
+def table5(session: nox.Session) -> None:
+    """Table 5 (pin_memory off/on in Llama3-8B LoRA tuning, 1-4 GPUs); -- ARGS to `multicard run`."""
+    _paper_session(session, "table5_llm_pin_memory")
+
+
+@nox.session(python=False)
 def numa(session: nox.Session) -> None:
     """The NUMA test (binding policies, placement evidence, verdict); `-- --profile controls` for
     the alternative explanations, `-- --profile dali_affinity` for DALI's thread affinity."""

@@ -18,10 +18,12 @@ TINY_FIXED = {
 
 
 def write_spec(directory: Path, name: str = "tiny", fixed: dict | None = None,
-               grid: dict | None = None, trials: dict | None = None, **sections: dict) -> Path:
-    """A valid vision spec file `<directory>/<name>.toml` (sections override the defaults)."""
+               grid: dict | None = None, trials: dict | None = None,
+               experiment_workload: str = "vision", **sections: dict) -> Path:
+    """A valid spec file `<directory>/<name>.toml` (sections override the defaults)."""
     doc = {
-        "experiment": {"name": name, "title": f"{name} test experiment", "workload": "vision"},
+        "experiment": {"name": name, "title": f"{name} test experiment",
+                       "workload": experiment_workload},
         "fixed": TINY_FIXED if fixed is None else fixed,
         "grid": grid or {"precision": ["fp32", "bf16"]},
         "trials": trials or {"count": 1, "timeout_s": 300},

@@ -28,7 +28,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from multicard import cost, runner, spec
 
-    s = spec.load(args.spec, args.profile)
+    s = spec.load(args.spec, args.profile, dict(args.set))
     planned = spec.plan(s, args.trials, args.trace)
     if args.json:
         print(json.dumps([{"config_id": p.config_id, "config": p.config, "trial": p.trial}
@@ -54,7 +54,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from multicard import runner, spec
 
-    s = spec.load(args.spec, args.profile)
+    s = spec.load(args.spec, args.profile, dict(args.set))
     out = args.out or Path("artifact/runs") / (
         f"{s.name}-{s.profile}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}")
     outcome = runner.run(s, out, trials=args.trials, trace=args.trace)
@@ -127,6 +127,15 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_fetch_llm(args: argparse.Namespace) -> int:
+    from multicard.data import llm, mnist
+
+    out = args.out or (args.root or mnist.default_root()) / "llm" / "real"
+    llm.fetch(out, args.rows)
+    print(f"{out}: {args.rows} records of each dataset, checksums in {out / 'dataset.json'}")
+    return 0
+
+
 def _print_verify(directory: Path, result: Any, sums_name: str) -> int:
     for kind in ("malformed", "missing", "changed", "unlisted"):
         for item in getattr(result, kind):
@@ -190,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--limit", type=int, default=0, help="first N images of each split (0 = all)")
     pr.add_argument("--workers", type=_positive_int, help="processes (default: all CPUs)")
     pr.set_defaults(data_func=cmd_data_prepare)
+    fe = data_sub.add_parser("fetch-llm", help="download GEC (c4_200m) and SAMSum records into "
+                             "local JSON for the LLM experiments (needs the network)")
+    fe.add_argument("--rows", type=_positive_int, default=20000, help="records per dataset")
+    fe.add_argument("--out", type=Path, help="default: <root>/llm/real")
+    fe.add_argument("--root", type=Path, help="folder that holds mnist/ (default: ./data)")
+    fe.set_defaults(data_func=cmd_data_fetch_llm)
     return parser
 
 
@@ -197,9 +212,24 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", type=Path, metavar="SPEC", help="experiment TOML")
     p.add_argument("--profile", default="paper", help="paper (default) or a profile of the spec")
     p.add_argument("--trials", type=_positive_int, help="trials per config (default: the spec's)")
+    p.add_argument("--set", type=_setting, action="append", metavar="KEY=VALUE", default=[],
+                   help="fix a setting for this run (TOML value; a string may be bare), e.g. "
+                        "--set weights=/models/llama3-8b/original; repeatable")
     p.add_argument("--trace", choices=("none", "torch", "nsys"),
                    help="profile extra trials with the PyTorch profiler or Nsight Systems "
                         "(default: the spec's [trials].trace)")
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    import tomllib
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return key.strip(), value  # a bare string: a path, a name
 
 
 def _positive_int(text: str) -> int:

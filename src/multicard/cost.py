@@ -50,8 +50,25 @@ def vision_trial_seconds(settings: Mapping[str, Value]) -> float:
     return LAUNCH_S[device] + warmup + epochs * (steps * step_s + EPOCH_PAUSE_S[device]) + eval_s
 
 
+# LLM: training tokens/s per GPU, estimated for Llama3-8B in bf16 on one H100 (LoRA from public
+# torchtune benchmarks, the others scaled by their extra work); the tiny CPU model as measured here.
+LLM_TOKENS_PER_S = {
+    ("cuda", "llama3_8b"): {"lora": 3000.0, "qlora": 2200.0, "dpo": 1500.0, "full": 2000.0, "qat": 1200.0},
+    ("cpu", "tiny"): {"lora": 900.0, "qlora": 600.0, "dpo": 500.0, "full": 800.0, "qat": 400.0},
+}
+LLM_START_S = {("cuda", "llama3_8b"): 120.0, ("cpu", "tiny"): 8.0}  # imports, 16 GB load, packing
+
+
+def llm_trial_seconds(settings: Mapping[str, Value]) -> float:
+    key = (str(settings["device"]), str(settings["model"]))
+    rates = LLM_TOKENS_PER_S.get(key, LLM_TOKENS_PER_S[("cuda", "llama3_8b")])
+    tokens = int(settings["batch_size"]) * int(settings["seq_len"]) * int(
+        settings["gradient_accumulation_steps"])
+    return LLM_START_S.get(key, 120.0) + int(settings["max_steps"]) * tokens / rates[str(settings["method"])]
+
+
 def trial_seconds(workload: str, settings: Mapping[str, Value]) -> float:
     return TRIAL_COST[workload](settings)
 
 
-TRIAL_COST = {"vision": vision_trial_seconds}
+TRIAL_COST = {"vision": vision_trial_seconds, "llm": llm_trial_seconds}

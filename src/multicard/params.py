@@ -107,7 +107,34 @@ VISION: dict[str, Param] = {
     "seed": Param(int, 0, "base seed; trial t uses seed + t", minimum=0),
 }
 
-WORKLOAD_PARAMS: dict[str, dict[str, Param]] = {"vision": VISION}
+LLM: dict[str, Param] = {
+    "device": Param(str, "cuda", "cuda, or cpu (single-device recipes only)", choices=("cuda", "cpu")),
+    "gpus": Param(int, 1, "processes per node (tune run --nproc_per_node)", minimum=1),
+    "nnodes": Param(int, 1, "nodes", minimum=1, maximum=1),
+    "method": Param(str, "lora", "lora, qlora, dpo, qat or full (the reference)",
+                    choices=("lora", "qlora", "dpo", "qat", "full")),
+    "dataset": Param(str, "gec", "gec (grammar_dataset) or samsum (samsum_dataset)",
+                     choices=("gec", "samsum")),
+    "model": Param(str, "llama3_8b", "llama3_8b, or tiny (2 layers, for CPU runs)",
+                   choices=("llama3_8b", "tiny")),
+    "weights": Param(str, "random", "random (the architecture, seeded) or a Meta-format checkpoint "
+                     "directory (consolidated.00.pth)"),
+    "tokenizer": Param(str, "generated", "generated (byte-level, tests) or a Llama 3 tokenizer.model"),
+    "data": Param(str, "real", "real (data/llm/real, from `multicard data fetch-llm`), synthetic, "
+                  "or a directory of <dataset>.json files"),
+    "seq_len": Param(int, 1024, "tokens per packed sample (tokenizer.max_seq_len)", minimum=16),
+    "batch_size": Param(int, 2, "samples per process per step (the stock LoRA configs: 2)", minimum=1),
+    "gradient_accumulation_steps": Param(int, 1, "micro-batches per optimizer step", minimum=1),
+    "max_steps": Param(int, 50, "optimizer steps per trial (max_steps_per_epoch, 1 epoch)", minimum=1),
+    "warmup_steps": Param(int, 5, "first logged steps left out of the statistics", minimum=0),
+    "lora_rank": Param(int, 8, "LoRA rank (the stock configs: 8)", minimum=1),
+    "lora_alpha": Param(int, 16, "LoRA alpha (the stock configs: 16)", minimum=1),
+    "dtype": Param(str, "bf16", "bf16 (the stock configs) or fp32", choices=("bf16", "fp32")),
+    "pin_memory": Param(bool, False, "pin the recipe's DataLoader batches (Table 5)"),
+    "seed": Param(int, 0, "training seed; trial t uses seed + t", minimum=0),
+}
+
+WORKLOAD_PARAMS: dict[str, dict[str, Param]] = {"vision": VISION, "llm": LLM}
 
 
 def vision_conflicts(settings: Mapping[str, Value]) -> list[str]:
@@ -126,7 +153,16 @@ def vision_conflicts(settings: Mapping[str, Value]) -> list[str]:
     return problems
 
 
-WORKLOAD_CONFLICTS = {"vision": vision_conflicts}
+def llm_conflicts(settings: Mapping[str, Value]) -> list[str]:
+    problems = []
+    if settings["warmup_steps"] >= settings["max_steps"]:  # type: ignore[operator]
+        problems.append("warmup_steps must be smaller than max_steps (nothing would be measured)")
+    if settings["model"] == "tiny" and settings["tokenizer"] != "generated":
+        problems.append("model = 'tiny' has 512 token ids: it needs tokenizer = 'generated'")
+    return problems
+
+
+WORKLOAD_CONFLICTS = {"vision": vision_conflicts, "llm": llm_conflicts}
 
 VISION_METRICS: tuple[str, ...] = (
     "train_time_s",
@@ -144,7 +180,20 @@ VISION_METRICS: tuple[str, ...] = (
     "cpus_on_gpu_node_fraction",
 )
 
-WORKLOAD_METRICS: dict[str, tuple[str, ...]] = {"vision": VISION_METRICS}
+LLM_METRICS: tuple[str, ...] = (
+    "step_time_median_s",
+    "tokens_per_s_per_gpu",
+    "peak_mem_active_bytes",
+    "peak_mem_reserved_bytes",
+    "steps",
+    "final_loss",
+    "peak_device_mem_bytes",
+    "peak_process_mem_bytes",
+)
+
+WORKLOAD_METRICS: dict[str, tuple[str, ...]] = {"vision": VISION_METRICS, "llm": LLM_METRICS}
+# the metric that speedups are computed on when a spec does not name one
+WORKLOAD_PRIMARY = {"vision": "train_time_s", "llm": "step_time_median_s"}
 
 
 def resolve(workload: str, values: Mapping[str, Value]) -> dict[str, Value]:

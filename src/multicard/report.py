@@ -60,6 +60,12 @@ METRIC_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "peak_mem_bytes": ("peak mem. (GiB)", _fmt_gib),
     "gpu_util_mean": ("GPU util. (%)", _fmt_pct),
     "train_loss": ("train loss", _fmt_num),
+    "tokens_per_s_per_gpu": ("tokens/s per GPU", _fmt_num),
+    "peak_mem_active_bytes": ("peak active mem. (GiB)", _fmt_gib),
+    "peak_mem_reserved_bytes": ("peak reserved mem. (GiB)", _fmt_gib),
+    "peak_device_mem_bytes": ("GPU mem. used, NVML (GiB)", _fmt_gib),
+    "peak_process_mem_bytes": ("process RSS (GiB)", _fmt_gib),
+    "final_loss": ("final loss", _fmt_num),
     "local_page_fraction": ("pages on home node (%)", _fmt_pct),
     "cpus_on_gpu_node_fraction": ("CPUs on GPU's node (%)", _fmt_pct),
 }
@@ -408,6 +414,9 @@ def _experiment_section(run: RunData, name: str, out: Path) -> str:
     lines += _trace_sections(spec, run.records, name, tables)
     if "numa_policy" in spec.grid:
         lines += ["", numa_section(spec, trials)]
+    if any(r.get("random_weights") for r in run.records if r.get("experiment") == spec.name):
+        lines += ["", "Weights: **random** (the model's architecture, seeded): times and memory "
+                  "are valid, losses are meaningless."]
     if has_figure:
         lines += ["", f"![{spec.title}](figures/{name}.png)"]
     if has_breakdown:

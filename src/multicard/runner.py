@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gzip
-import importlib.util
 import json
 import os
 import re
@@ -27,9 +26,9 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from multicard import artifact, cost, launch, numa, store, telemetry
+from multicard import artifact, cost, kinds, launch, numa, store, telemetry
 from multicard import spec as specmod
-from multicard.data import mnist, page_cache, scenario_b
+from multicard.data import mnist
 from multicard.errors import InputError
 from multicard.profiling import nsys, parse
 from multicard.spec import PlannedTrial, Spec
@@ -78,7 +77,7 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
                                    trace=resolve_trace(spec, trace or spec.trace, echo))
         data_dir = (data_dir or mnist.default_root()).resolve()
         _prepare(spec, out, data_dir)
-        _ensure_datasets(spec, out, data_dir, echo)
+        _prepare_inputs(spec, out, data_dir, echo)
         return _run_pending(spec, out, data_dir, echo)
     finally:
         lock.release()
@@ -112,26 +111,9 @@ def _prepare(spec: Spec, out: Path, data_dir: Path) -> None:
     env_file.write_text(json.dumps(artifact.capture_env(data_dir), indent=1), encoding="utf-8")
 
 
-def _ensure_datasets(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], None]) -> None:
-    """Prepare (when missing) and verify every Scenario B tree the plan reads; record which.
-
-    A tree that exists is used as it is, a `--limit`ed one included: datasets.json says what it
-    holds, and a trial asking for more images than it has fails with that message."""
-    needed = sorted({(int(s["image_size"]), str(s["data_format"]))
-                     for _, _, s in specmod.configs(spec) if s.get("scenario") == "b"})
-    used = {}
-    for size, fmt in needed:
-        tree = scenario_b.tree_path(data_dir, size, fmt)
-        if not (tree / scenario_b.DATASET_JSON).exists():
-            scenario_b.prepare(scenario_b.Request(data_dir / "mnist", tree, size, fmt), echo=echo)
-        echo(f"verifying {tree} against its manifest")
-        result = scenario_b.verify(tree)
-        if not result.ok:
-            bad = (result.malformed + result.missing + result.changed + result.unlisted)[:5]
-            raise InputError(f"{tree}: does not match its manifest ({', '.join(bad)}); "
-                             "delete it and run again to prepare it anew")
-        used[str(tree)] = {"manifest_sha256": artifact.sha256_file(tree / scenario_b.MANIFEST),
-                           "dataset": scenario_b.read_description(tree)}
+def _prepare_inputs(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], None]) -> None:
+    """The workload's inputs exist and check out before any trial; datasets.json says which."""
+    used = kinds.KINDS[spec.workload].prepare(spec, data_dir, echo)
     if used:
         (out / "datasets.json").write_text(json.dumps(used, indent=1), encoding="utf-8")
 
@@ -151,7 +133,8 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
     gpus_here = _check_devices(spec, todo)
     topology = numa.live(with_links=False)
     for index, planned_trial in enumerate(todo):
-        reason = unrunnable(planned_trial.params, gpus_here, topology)
+        reason = kinds.KINDS[spec.workload].unrunnable(planned_trial.params, planned_trial.trace,
+                                                       gpus_here, topology)
         if reason:
             record = skipped_record(spec, planned_trial, *reason)
         else:
@@ -178,27 +161,6 @@ def _check_devices(spec: Spec, todo: list[PlannedTrial]) -> int:
         raise InputError(f"{spec.path}: device = 'cuda' but no GPU is visible here "
                          "(the smoke profile runs on CPU: --profile smoke)")
     return count
-
-
-def unrunnable(settings: dict[str, Any], gpus_here: int,
-               topology: numa.Topology) -> tuple[str, str] | None:
-    """Why this machine cannot run a config at all, or None: such trials are recorded as skipped."""
-    needed = int(settings["gpus"])
-    if settings["device"] == "cuda" and needed > gpus_here:
-        return "NotEnoughGPUs", f"needs {needed} GPUs per node, {gpus_here} visible"
-    if settings.get("loader") == "dali" and importlib.util.find_spec("nvidia.dali") is None:
-        return "DaliNotInstalled", "loader = 'dali' but nvidia.dali is not installed here"
-    policy = str(settings.get("numa_policy", "none"))
-    if policy != "none":
-        if shutil.which("numactl") is None:
-            return "NumactlNotInstalled", f"numa_policy = {policy!r} needs numactl on PATH"
-        try:
-            for local_rank in range(needed):
-                home = numa.home_node(topology, str(settings["device"]), local_rank)
-                numa.numactl_args(policy, topology, home)
-        except numa.PolicyNotApplicableError as exc:
-            return "NumaPolicyNotApplicable", str(exc)
-    return None
 
 
 def skipped_record(spec: Spec, planned: PlannedTrial, kind: str, message: str) -> dict[str, Any]:
@@ -243,23 +205,21 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path) -> d
     trial_dir, attempt = _trial_dir(out, planned)
     settings = dict(planned.params)
     settings["seed"] = int(settings["seed"]) + planned.trial  # independent samples, reproducible
-    profiler = nsys.wrapper(nsys.find_nsys() or "nsys", trial_dir) if planned.trace == "nsys" else []
-    wrapper = launch.rank_wrapper(str(settings["numa_policy"]), str(settings["device"]), profiler)
-    argv = launch.WORKLOAD_ARGV[spec.workload](settings, trial_dir, data_dir, planned.trace, wrapper)
-    env = launch.trial_env(os.environ, int(settings["gpus"]), os.cpu_count() or 1)
+    kind = kinds.KINDS[spec.workload]
+    argv, extra_env = kind.command(settings, trial_dir, data_dir, planned.trace)
+    env = launch.trial_env({**os.environ, **extra_env}, int(settings["gpus"]), os.cpu_count() or 1)
     changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
     dropped = [k for k in os.environ if k not in env]
     (trial_dir / "launch.json").write_text(json.dumps(
         {"argv": argv, "env_set": changed, "env_dropped": dropped, "cwd": str(Path.cwd())}, indent=1))
-    if settings["scenario"] == "b":  # outside the trial's clock
-        tree = scenario_b.tree_path(data_dir, int(settings["image_size"]), str(settings["data_format"]))
-        page_cache.apply(str(settings["page_cache"]), tree)
+    kind.before(settings, data_dir)  # outside the trial's clock
     started, started_unix = utc_now(), time.time()
     t0 = time.monotonic()
-    returncode, timed_out = _execute(argv, env, trial_dir, spec.timeout_s)
+    returncode, timed_out, sampled = _execute(argv, env, trial_dir, spec.timeout_s,
+                                              kind.sample_memory, settings["device"] == "cuda")
     wall = time.monotonic() - t0
     stderr_text = _tail(trial_dir / "stderr.log")
-    result = _read_result(trial_dir / "result.json")
+    result = kind.result(trial_dir, settings)
     status, error = classify(returncode, timed_out, stderr_text, result, spec.timeout_s)
     traces = collect_traces(trial_dir, out) if planned.trace != "none" else {}
     return {
@@ -277,8 +237,10 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path) -> d
         "started": started,
         "started_unix": round(started_unix, 3),
         "wall_s": round(wall, 3),
-        "metrics": result["metrics"] if result and status == "ok" else {},
+        "metrics": {**result["metrics"], **sampled} if result and status == "ok" else {},
         "trace_metrics": traces,
+        # LLM trials on random weights: time and memory are valid, the loss means nothing
+        **({"random_weights": True} if result and result.get("random_weights") else {}),
         "error": error,
         "artifacts": sorted(p.relative_to(out).as_posix() for p in trial_dir.rglob("*") if p.is_file()),
         "returncode": returncode,
@@ -304,20 +266,24 @@ def collect_traces(trial_dir: Path, out: Path) -> dict[str, dict[str, Any]]:
     return summaries
 
 
-def _execute(argv: list[str], env: dict[str, str], trial_dir: Path,
-             timeout_s: float) -> tuple[int | None, bool]:
-    """Run argv in its own session; on timeout kill the whole process group."""
+def _execute(argv: list[str], env: dict[str, str], trial_dir: Path, timeout_s: float,
+             sample_memory: bool, cuda: bool) -> tuple[int | None, bool, dict[str, Any]]:
+    """Run argv in its own session; on timeout kill the whole process group.
+
+    Returns (exit status, timed out, memory metrics sampled from outside when asked)."""
     runner_pid = os.getpid()
     with (trial_dir / "stdout.log").open("wb") as stdout, (trial_dir / "stderr.log").open("wb") as stderr:
         proc = subprocess.Popen(
             argv, stdout=stdout, stderr=stderr, env=env, start_new_session=True,
             preexec_fn=lambda: launch.set_parent_death_signal(runner_pid),
         )
+        sampler = telemetry.TrialMemorySampler(proc.pid, cuda) if sample_memory else None
         try:
-            return proc.wait(timeout=timeout_s), False
+            with sampler or contextlib.nullcontext():
+                return proc.wait(timeout=timeout_s), False, sampler.metrics() if sampler else {}
         except subprocess.TimeoutExpired:
             kill_group(proc)
-            return proc.returncode, True
+            return proc.returncode, True, {}
         except BaseException:  # Ctrl-C or an error here: leave no orphaned ranks behind
             kill_group(proc)
             raise
@@ -342,14 +308,6 @@ def _tail(path: Path) -> str:
             return f.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
-
-
-def _read_result(path: Path) -> dict[str, Any] | None:
-    try:
-        result = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return result if isinstance(result, dict) and isinstance(result.get("metrics"), dict) else None
 
 
 def classify(returncode: int | None, timed_out: bool, stderr_tail: str,

@@ -123,8 +123,8 @@ class _Checker:
         return checked
 
 
-def load(path: str | Path, profile: str = "paper") -> Spec:
-    """Read `path`, merge `profile` on top and validate everything."""
+def load(path: str | Path, profile: str = "paper", settings: Mapping[str, Any] | None = None) -> Spec:
+    """Read `path`, merge `profile` on top, fix `settings` (command-line --set), validate."""
     path = Path(path)
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -132,6 +132,10 @@ def load(path: str | Path, profile: str = "paper") -> Spec:
         raise InputError(f"{path}: no such spec file") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not valid TOML: {exc}") from None
+    if settings and isinstance(doc.get("profiles", {}), dict) and (
+            profile == "paper" or profile in doc.get("profiles", {})):
+        overlay = doc.setdefault("profiles", {}).setdefault(profile, {})
+        overlay["fixed"] = {**overlay.get("fixed", {}), **settings}  # leaves the grid, like a profile
     return from_document(doc, path, profile)
 
 
@@ -281,7 +285,7 @@ def _report(
     report = check.table("[report]", doc.get("report", {}))
     check.keys("[report]", report, REPORT_KEYS)
     known = params.WORKLOAD_METRICS[workload]
-    primary = report.get("primary", "train_time_s")
+    primary = report.get("primary", params.WORKLOAD_PRIMARY[workload])
     if primary not in known:
         check.fail("[report].primary", "a metric name of the workload", primary)
     metrics = report.get("metrics", [primary])

@@ -80,3 +80,13 @@ def test_env_and_data_verify() -> None:
     assert env.returncode == 0 and json.loads(env.stdout)["schema"] == 1
     data = multicard("data", "verify")
     assert data.returncode == 0 and "all 4 MNIST files match" in data.stdout
+
+
+def test_set_fixes_a_setting_for_one_run(tmp_path: Path) -> None:
+    spec_file = str(EXPERIMENTS / "table2_precision.toml")
+    result = multicard("plan", spec_file, "--set", "gpus=2", "--set", "image_size=300", "--json")
+    plan = json.loads(result.stdout)
+    assert len(plan) == 25 and all("gpus" not in p["config"] for p in plan)  # gpus left the grid
+    bad = multicard("plan", spec_file, "--set", "image_size=huge")
+    assert bad.returncode == 2 and "[fixed].image_size" in bad.stderr
+    assert multicard("plan", spec_file, "--set", "nonsense").returncode == 2

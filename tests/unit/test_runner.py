@@ -117,17 +117,17 @@ def test_a_rank_killed_by_a_signal_is_named_from_torchruns_summary() -> None:
 
 
 def test_unrunnable_configs_name_their_reason() -> None:
-    from multicard import numa
+    from multicard import kinds, numa
 
     one_node = numa.Topology(nodes=[numa.Node(0, [0, 1], 16000)])
     cpu = {"gpus": 2, "device": "cpu", "loader": "torch", "numa_policy": "none"}
-    assert runner.unrunnable(cpu, 0, one_node) is None
-    assert runner.unrunnable({**cpu, "device": "cuda"}, 4, one_node) is None
-    assert runner.unrunnable({**cpu, "device": "cuda"}, 1, one_node) == (
+    assert kinds.vision_unrunnable(cpu, "none", 0, one_node) is None
+    assert kinds.vision_unrunnable({**cpu, "device": "cuda"}, "none", 4, one_node) is None
+    assert kinds.vision_unrunnable({**cpu, "device": "cuda"}, "none", 1, one_node) == (
         "NotEnoughGPUs", "needs 2 GPUs per node, 1 visible")
-    assert runner.unrunnable({**cpu, "numa_policy": "local"}, 0, one_node) is None
-    kind, reason = runner.unrunnable({**cpu, "numa_policy": "remote"}, 0, one_node)
+    assert kinds.vision_unrunnable({**cpu, "numa_policy": "local"}, "none", 0, one_node) is None
+    kind, reason = kinds.vision_unrunnable({**cpu, "numa_policy": "remote"}, "none", 0, one_node)
     assert (kind, reason) == ("NumaPolicyNotApplicable",
                               "remote needs a second NUMA node with CPUs; this machine has one")
-    kind, reason = runner.unrunnable({**cpu, "numa_policy": "interleave"}, 0, one_node)
+    kind, reason = kinds.vision_unrunnable({**cpu, "numa_policy": "interleave"}, "none", 0, one_node)
     assert reason == "interleave needs two or more NUMA nodes with memory; this machine has 1"

@@ -1,0 +1,196 @@
+"""What differs between workloads on the runner's side: one `Kind` per workload, one signature.
+
+- `prepare`: before the first trial, make the inputs exist and check them (Scenario B trees; LLM
+  tokenizer, data and weights); returns what datasets.json records.
+- `unrunnable`: why this machine cannot run a config (the trial is recorded as skipped).
+- `command`: the trial's argv and the environment it adds.
+- `before`: just before the launch, outside the trial's clock (page cache state).
+- `result`: the trial's result dict ({"metrics": ...}) from its directory, or None.
+
+Nothing here imports torch; the rank entry points (multicard.workloads.*) do.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from multicard import artifact, launch, numa
+from multicard import spec as specmod
+from multicard.data import llm as llm_assets
+from multicard.data import page_cache, scenario_b
+from multicard.errors import InputError
+from multicard.params import Value
+from multicard.profiling import nsys
+from multicard.spec import Spec
+from multicard.workloads import llm
+
+Settings = Mapping[str, Value]
+Reason = tuple[str, str] | None
+HOOKS = Path(__file__).resolve().parent / "hooks"
+
+
+@dataclass(frozen=True)
+class Kind:
+    prepare: Callable[[Spec, Path, Callable[[str], None]], dict[str, Any]]
+    unrunnable: Callable[[Settings, str, int, numa.Topology], Reason]
+    command: Callable[[Settings, Path, Path, str], tuple[list[str], dict[str, str]]]
+    before: Callable[[Settings, Path], None]
+    result: Callable[[Path, Settings], dict[str, Any] | None]
+    sample_memory: bool  # the runner samples the trial's RSS and GPU memory (LLM: the recipe cannot)
+
+
+def _needs_gpus(settings: Settings, gpus_here: int) -> Reason:
+    needed = int(settings["gpus"])
+    if settings["device"] == "cuda" and needed > gpus_here:
+        return "NotEnoughGPUs", f"needs {needed} GPUs per node, {gpus_here} visible"
+    return None
+
+
+def read_result(trial_dir: Path, settings: Settings) -> dict[str, Any] | None:
+    try:
+        result = json.loads((trial_dir / "result.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return result if isinstance(result, dict) and isinstance(result.get("metrics"), dict) else None
+
+
+# --- vision ----------------------------------------------------------------------------------
+
+def vision_prepare(spec: Spec, data_dir: Path, echo: Callable[[str], None]) -> dict[str, Any]:
+    """Prepare (when missing) and verify every Scenario B tree the plan reads.
+
+    A tree that exists is used as it is, a `--limit`ed one included: datasets.json says what it
+    holds, and a trial asking for more images than it has fails with that message."""
+    needed = sorted({(int(s["image_size"]), str(s["data_format"]))
+                     for _, _, s in specmod.configs(spec) if s.get("scenario") == "b"})
+    used = {}
+    for size, fmt in needed:
+        tree = scenario_b.tree_path(data_dir, size, fmt)
+        if not (tree / scenario_b.DATASET_JSON).exists():
+            scenario_b.prepare(scenario_b.Request(data_dir / "mnist", tree, size, fmt), echo=echo)
+        echo(f"verifying {tree} against its manifest")
+        result = scenario_b.verify(tree)
+        if not result.ok:
+            bad = (result.malformed + result.missing + result.changed + result.unlisted)[:5]
+            raise InputError(f"{tree}: does not match its manifest ({', '.join(bad)}); "
+                             "delete it and run again to prepare it anew")
+        used[str(tree)] = {"manifest_sha256": artifact.sha256_file(tree / scenario_b.MANIFEST),
+                           "dataset": scenario_b.read_description(tree)}
+    return used
+
+
+def vision_unrunnable(settings: Settings, trace: str, gpus_here: int, topology: numa.Topology) -> Reason:
+    if reason := _needs_gpus(settings, gpus_here):
+        return reason
+    if settings.get("loader") == "dali" and importlib.util.find_spec("nvidia.dali") is None:
+        return "DaliNotInstalled", "loader = 'dali' but nvidia.dali is not installed here"
+    policy = str(settings.get("numa_policy", "none"))
+    if policy != "none":
+        if shutil.which("numactl") is None:
+            return "NumactlNotInstalled", f"numa_policy = {policy!r} needs numactl on PATH"
+        try:
+            for local_rank in range(int(settings["gpus"])):
+                home = numa.home_node(topology, str(settings["device"]), local_rank)
+                numa.numactl_args(policy, topology, home)
+        except numa.PolicyNotApplicableError as exc:
+            return "NumaPolicyNotApplicable", str(exc)
+    return None
+
+
+def vision_command(settings: Settings, trial_dir: Path, data_dir: Path,
+                   trace: str) -> tuple[list[str], dict[str, str]]:
+    profiler = nsys.wrapper(nsys.find_nsys() or "nsys", trial_dir) if trace == "nsys" else []
+    wrapper = launch.rank_wrapper(str(settings["numa_policy"]), str(settings["device"]), profiler)
+    return launch.vision_argv(settings, trial_dir, data_dir, trace, wrapper), {}
+
+
+def vision_before(settings: Settings, data_dir: Path) -> None:
+    if settings["scenario"] == "b":
+        tree = scenario_b.tree_path(data_dir, int(settings["image_size"]), str(settings["data_format"]))
+        page_cache.apply(str(settings["page_cache"]), tree)
+
+
+# --- llm -------------------------------------------------------------------------------------
+
+def llm_assets_for(settings: Settings, data_dir: Path) -> llm.Assets:
+    """Where a config's weights, tokenizer and data are (generated ones under data/llm/)."""
+    root = data_dir / "llm"
+    weights = str(settings["weights"])
+    checkpoint = root / "weights" / f"random-{settings['model']}-seed0" if weights == "random" \
+        else Path(weights)
+    generated = str(settings["tokenizer"]) == "generated"
+    tokenizer = root / "tokenizer" / "tokenizer.model" if generated else Path(str(settings["tokenizer"]))
+    special = root / "tokenizer" / "special_tokens.json" if generated else None
+    data = {"real": root / "real", "synthetic": root / "synthetic"}.get(str(settings["data"]),
+                                                                      Path(str(settings["data"])))
+    return llm.Assets(checkpoint, tokenizer, special, data)
+
+
+def llm_prepare(spec: Spec, data_dir: Path, echo: Callable[[str], None]) -> dict[str, Any]:
+    """Generate what is generated (tokenizer, synthetic data, random weights); check the rest."""
+    used: dict[str, Any] = {}
+    for _, _, settings in specmod.configs(spec):
+        found = llm_assets_for(settings, data_dir)
+        if settings["tokenizer"] == "generated" and not found.tokenizer.exists():
+            llm_assets.write_tokenizer(found.tokenizer.parent)
+        if settings["data"] == "synthetic":
+            llm_assets.generate_synthetic(found.data_dir)
+        if settings["weights"] == "random" and not (found.checkpoint_dir / "consolidated.00.pth").exists():
+            echo(f"writing random {settings['model']} weights to {found.checkpoint_dir}")
+            llm_assets.random_checkpoint(found.checkpoint_dir, str(settings["model"]), seed=0)
+        for path, what in ((found.tokenizer, "tokenizer"), (found.data_dir / "dataset.json", "data "
+                           "(multicard data fetch-llm writes it)"),
+                           (found.checkpoint_dir / "consolidated.00.pth", "checkpoint")):
+            if not path.exists():
+                raise InputError(f"{spec.path}: {what} not found at {path}")
+        used[str(found.data_dir)] = json.loads((found.data_dir / "dataset.json").read_text())
+        used[str(found.checkpoint_dir)] = {"weights": str(settings["weights"])}
+    return used
+
+
+def llm_unrunnable(settings: Settings, trace: str, gpus_here: int, topology: numa.Topology) -> Reason:
+    if reason := _needs_gpus(settings, gpus_here):
+        return reason
+    if importlib.util.find_spec("torchtune") is None:
+        return "TorchtuneNotInstalled", "torchtune is not installed here"
+    name, _, _ = llm.recipe(settings)
+    if settings["device"] == "cpu" and name.endswith("distributed"):
+        if settings["method"] == "qat":
+            return "NoSingleDeviceRecipe", ("qat has no single-device recipe in torchtune 0.6.1, "
+                                            "and qat_distributed starts NCCL (GPUs only)")
+        return "NeedsGPUs", f"{name} starts NCCL in torchtune 0.6.1 (GPUs only)"
+    if trace == "nsys":
+        return "TraceNotSupported", "LLM trials trace with torchtune's own profiler (--trace torch)"
+    return None
+
+
+def llm_command(settings: Settings, trial_dir: Path, data_dir: Path,
+                trace: str) -> tuple[list[str], dict[str, str]]:
+    argv = llm.argv(settings, trial_dir, llm_assets_for(settings, data_dir), trace)
+    if not settings["pin_memory"]:
+        return argv, {}
+    hook = str(HOOKS / "pin_memory")
+    paths = [hook, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    return argv, {"MULTICARD_PIN_MEMORY": "1", "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def llm_result(trial_dir: Path, settings: Settings) -> dict[str, Any] | None:
+    result = llm.collect(trial_dir, settings)
+    if result is not None:
+        (trial_dir / "result.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+KINDS: dict[str, Kind] = {
+    "vision": Kind(vision_prepare, vision_unrunnable, vision_command, vision_before, read_result,
+                   sample_memory=False),
+    "llm": Kind(llm_prepare, llm_unrunnable, llm_command, lambda settings, data_dir: None,
+                llm_result, sample_memory=True),
+}

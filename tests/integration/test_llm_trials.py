@@ -1,0 +1,39 @@
+"""A real torchtune recipe on CPU through the runner: tiny Llama 3, generated assets, pin_memory hook."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from multicard import runner, spec, store
+from multicard.workloads import llm
+from tests.helpers import DATA, write_spec
+
+pytestmark = pytest.mark.slow
+
+TINY = {"device": "cpu", "model": "tiny", "data": "synthetic", "dtype": "fp32", "seq_len": 64,
+        "max_steps": 5, "warmup_steps": 1}
+
+
+def test_lora_recipe_run_is_parsed_from_its_own_metric_log(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "mnist").symlink_to(DATA / "mnist", target_is_directory=True)
+    path = write_spec(tmp_path, fixed=TINY, grid={"pin_memory": [True]}, experiment_workload="llm")
+    outcome = runner.run(spec.load(path), tmp_path / "run", data_dir=data, echo=lambda _: None)
+    assert outcome.ok == 1
+    [record] = store.read(tmp_path / "run" / "trials.jsonl")
+    assert record["random_weights"] is True
+    trial = tmp_path / "run" / f"raw/{record['config_id']}-t0-a0"
+    [log] = (trial / "logs").glob("log_*.txt")
+    steps = llm.parse_metric_log(log.read_text())  # torchtune's own DiskLogger lines
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]
+    assert all("wall_time" in s and "tokens_per_second_per_gpu" in s for s in steps)
+    m = record["metrics"]
+    assert m["steps"] == 5 and m["step_time_median_s"] > 0 and m["tokens_per_s_per_gpu"] > 0
+    assert m["peak_process_mem_bytes"] > 100 * 2**20
+    assert m["peak_mem_active_bytes"] is None  # torchtune does not report memory on CPU
+    stderr = (trial / "stderr.log").read_text()
+    assert "multicard: StatefulDataLoader pin_memory=True (MULTICARD_PIN_MEMORY)" in stderr
+    assert (data / "llm" / "weights" / "random-tiny-seed0" / "consolidated.00.pth").exists()
