@@ -72,15 +72,21 @@ def smoke(session: nox.Session) -> None:
     session.log(f"smoke run: {out}")
 
 
+def _take(args: list[str], flag: str) -> tuple[str | None, list[str]]:
+    """The value of `flag VALUE` in `args`, and `args` without them."""
+    if flag not in args:
+        return None, args
+    at = args.index(flag)
+    if at + 1 == len(args):
+        raise SystemExit(f"nox: {flag} needs a value")
+    return args[at + 1], args[:at] + args[at + 2:]
+
+
 def _paper_session(session: nox.Session, experiment: str) -> None:
     """Plan, run, report and verify one experiment; `-- ARGS` go to `multicard run`."""
     python = dev_python(session)
-    args = list(session.posargs)
-    if "--out" in args:
-        at = args.index("--out")
-        out, args = Path(args[at + 1]), args[:at] + args[at + 2:]
-    else:
-        out = RUNS / f"{experiment}-{stamp()}"
+    given, args = _take(list(session.posargs), "--out")
+    out = Path(given) if given else RUNS / f"{experiment}-{stamp()}"
     spec_file = str(EXPERIMENTS / f"{experiment}.toml")
     multicard(session, python, "plan", spec_file, *args)
     multicard(session, python, "run", spec_file, *args, "--out", str(out))
@@ -129,6 +135,70 @@ def numa(session: nox.Session) -> None:
     """The NUMA test (binding policies, placement evidence, verdict); `-- --profile controls` for
     the alternative explanations, `-- --profile dali_affinity` for DALI's thread affinity."""
     _paper_session(session, "numa_binding")
+
+
+# The paper's experiments in the order `reproduce` runs them: (experiment, profile).
+PAPER_RUNS = (
+    ("table2_precision", "paper"), ("table3_pin_memory", "paper"), ("figure6_loaders", "paper"),
+    ("nhwc_layout", "paper"), ("numa_binding", "paper"), ("numa_binding", "controls"),
+    ("numa_binding", "dali_affinity"), ("table4_llm_methods", "paper"),
+    ("table5_llm_pin_memory", "paper"),
+)
+# One GPU, about 30 minutes: C1-C3 (precision), C5 (pin_memory), the loaders vs the bound.
+KICK_RUNS = (("table2_precision", "kick"), ("table3_pin_memory", "kick"), ("figure6_loaders", "kick"))
+
+
+def _run_collection(session: nox.Session, runs: tuple[tuple[str, str], ...], name: str) -> None:
+    """Plan all (printing the cost), then run each into one collection, reporting after each so
+    that a stop half-way still leaves a report; `-- --dry-run` stops after the plan, `-- --out DIR`
+    resumes, other args (e.g. --trials 3) go to `multicard plan` and `multicard run`."""
+    python = dev_python(session)
+    args = list(session.posargs)
+    dry_run = "--dry-run" in args
+    args = [a for a in args if a != "--dry-run"]
+    given, args = _take(args, "--out")
+    out = Path(given) if given else RUNS / f"{name}-{stamp()}"
+    multicard(session, python, "plan", "--summary", *args,
+              *(f"{EXPERIMENTS / experiment}.toml@{profile}" for experiment, profile in runs))
+    if dry_run:
+        session.log("--dry-run: nothing started")
+        return
+    for experiment, profile in runs:
+        run_dir = out / (experiment if profile == "paper" else f"{experiment}-{profile}")
+        multicard(session, python, "run", str(EXPERIMENTS / f"{experiment}.toml"), "--profile", profile,
+                  *args, "--out", str(run_dir))
+        multicard(session, python, "report", str(out))
+    multicard(session, python, "verify", str(out))
+    session.log(f"{name}: {out}/REPORT.md")
+
+
+@nox.session(python=False)
+def reproduce(session: nox.Session) -> None:
+    """Every paper experiment in order (plan and cost first; `-- --dry-run` stops there) into
+    artifact/runs/reproduce-<UTC>/, one REPORT.md with the claims table; `-- --out DIR` resumes."""
+    _run_collection(session, PAPER_RUNS, "reproduce")
+
+
+@nox.session(name="kick-the-tires", python=False)
+def kick_the_tires(session: nox.Session) -> None:
+    """About 30 minutes on one GPU: Table 2 (FP64/FP32/FP16), Table 3 and Figure 6 at 1 GPU with
+    3 trials each, into artifact/runs/kick-<UTC>/ with REPORT.md and its claims table."""
+    _run_collection(session, KICK_RUNS, "kick")
+
+
+@nox.session(python=False)
+def report(session: nox.Session) -> None:
+    """One merged REPORT.md (claims judged over all of them) for the run directories given after
+    `--` (default: every GPU run under artifact/runs/) into artifact/reports/<UTC>/."""
+    python = dev_python(session)
+    given, dirs = _take(list(session.posargs), "--out")
+    dirs = dirs or [str(p) for p in sorted(RUNS.iterdir()) if p.is_dir()
+                    and not p.name.startswith(("smoke-", "bench-"))]
+    if not dirs:
+        session.error("no run directory under artifact/runs/ (give some: nox -s report -- DIR...)")
+    out = given or str(ROOT / "artifact" / "reports" / stamp())
+    multicard(session, python, "report", *dirs, "--out", out)
+    multicard(session, python, "verify", out)
 
 
 @nox.session(python=False)

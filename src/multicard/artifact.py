@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from multicard import numa
 from multicard.store import LOCK_SUFFIX
@@ -50,10 +50,14 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+        return sha256_stream(f)
+
+
+def sha256_stream(stream: IO[bytes]) -> str:
+    digest = hashlib.sha256()
+    for block in iter(lambda: stream.read(1 << 20), b""):
+        digest.update(block)
     return digest.hexdigest()
 
 
@@ -87,27 +91,32 @@ class VerifyResult:
     missing: list[str] = field(default_factory=list)
     unlisted: list[str] = field(default_factory=list)
     malformed: list[str] = field(default_factory=list)
+    unsafe: list[str] = field(default_factory=list)  # archive members that could write outside
 
     @property
     def ok(self) -> bool:
-        return not (self.changed or self.missing or self.unlisted or self.malformed)
+        return not (self.changed or self.missing or self.unlisted or self.malformed or self.unsafe)
 
 
 def read_checksums(sums: Path) -> tuple[dict[str, str], list[str]]:
+    return parse_checksums(sums.read_bytes(), sums.name)
+
+
+def parse_checksums(data: bytes, name: str) -> tuple[dict[str, str], list[str]]:
     """({path: sha256}, [problems]). Strict: a blank or unparsable line is a problem, so that even
     a one-byte append to SHA256SUMS itself is caught."""
     listed: dict[str, str] = {}
     problems: list[str] = []
-    text = sums.read_bytes().decode("utf-8", errors="replace")
+    text = data.decode("utf-8", errors="replace")
     if text and not text.endswith("\n"):
-        problems.append(f"{sums.name}: last line is not terminated")
+        problems.append(f"{name}: last line is not terminated")
     for number, line in enumerate(text.split("\n")[:-1] if text.endswith("\n") else text.split("\n"), 1):
         match = _SUM_LINE.match(line)
         if not match:
-            problems.append(f"{sums.name}: line {number} is not '<sha256>  <path>'")
+            problems.append(f"{name}: line {number} is not '<sha256>  <path>'")
             continue
-        name = _unescape(match.group(3)) if match.group(1) else match.group(3)
-        listed[name] = match.group(2)
+        path = _unescape(match.group(3)) if match.group(1) else match.group(3)
+        listed[path] = match.group(2)
     return listed, problems
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -24,62 +25,104 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from multicard import spec
+
+    specs = [spec.load(path, profile or args.profile, dict(args.set)) for path, profile in args.spec]
+    plans = [spec.plan(s, args.trials, args.trace) for s in specs]
+    if args.json:
+        print(json.dumps([{"config_id": p.config_id, "config": p.config, "trial": p.trial}
+                          | ({"trace": p.trace} if p.trace != "none" else {})
+                          | ({"experiment": s.name, "profile": s.profile} if len(specs) > 1 else {})
+                          for s, planned in zip(specs, plans, strict=True) for p in planned],
+                         indent=1))
+        return 0
+    totals = [0.0, 0.0]
+    for s, planned in zip(specs, plans, strict=True):
+        seconds, device_hours = _print_plan(s, planned, table=len(specs) == 1 and not args.summary)
+        totals = [totals[0] + seconds, totals[1] + device_hours]
+    if len(specs) > 1:
+        from multicard.runner import format_duration
+
+        print(f"\ntotal: {sum(len(p) for p in plans)} trials; estimated {format_duration(totals[0])} "
+              f"wall, {totals[1]:.2f} device-hours (GPU-hours for cuda specs).")
+    return 0
+
+
+def _print_plan(s: Any, planned: list[Any], table: bool) -> tuple[float, float]:
     from tabulate import tabulate
 
     from multicard import cost, runner, spec
 
-    s = spec.load(args.spec, args.profile, dict(args.set))
-    planned = spec.plan(s, args.trials, args.trace)
-    if args.json:
-        print(json.dumps([{"config_id": p.config_id, "config": p.config, "trial": p.trial}
-                          | ({"trace": p.trace} if p.trace != "none" else {}) for p in planned],
-                         indent=1))
-        return 0
     seconds = [cost.trial_seconds(s.workload, p.params) for p in planned]
-    rows = [[p.order, p.config_id, *p.config.values(), p.trial, p.trace, runner.format_duration(sec)]
-            for p, sec in zip(planned, seconds, strict=True)]
-    print(tabulate(rows, headers=["order", "config_id", *s.grid, "trial", "trace", "estimate"],
-                   tablefmt="plain"))
+    if table:
+        rows = [[p.order, p.config_id, *p.config.values(), p.trial, p.trace, runner.format_duration(sec)]
+                for p, sec in zip(planned, seconds, strict=True)]
+        print(tabulate(rows, headers=["order", "config_id", *s.grid, "trial", "trace", "estimate"],
+                       tablefmt="plain") + "\n")
     device_hours = sum(sec * int(p.params["gpus"]) * int(p.params["nnodes"])
                        for p, sec in zip(planned, seconds, strict=True)) / 3600
     unit = "GPU-hours" if s.fixed.get("device", "cuda") == "cuda" else "rank-hours (CPU)"
-    print(f"\n{s.name} (profile {s.profile}): {len(planned) // max(1, len(spec.configs(s)))} "
-          f"trial(s) x {len(spec.configs(s))} configs = {len(planned)} trials"
+    configs = len(spec.configs(s))
+    print(f"{s.name} (profile {s.profile}): {len(planned) // max(1, configs)} trial(s) x {configs} "
+          f"configs = {len(planned)} trials"
           f"{' (traced ones included)' if any(p.trace != 'none' for p in planned) else ''}; estimated "
           f"{runner.format_duration(sum(seconds))} wall, {device_hours:.2f} {unit}. "
           "Cost model: multicard/cost.py (CUDA rates are estimates).")
-    return 0
+    return sum(seconds), device_hours
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from multicard import runner, spec
 
-    s = spec.load(args.spec, args.profile, dict(args.set))
+    if args.nnodes and args.nnodes > 1 and args.out is None:
+        raise InputError("run: --nnodes > 1 needs --out (the same directory on every node)")
+    overrides = dict(args.set) | ({"nnodes": args.nnodes} if args.nnodes else {})
+    s = spec.load(args.spec, args.profile, overrides)
     out = args.out or Path("artifact/runs") / (
         f"{s.name}-{s.profile}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}")
-    outcome = runner.run(s, out, trials=args.trials, trace=args.trace)
+    outcome = runner.run(s, out, trials=args.trials, trace=args.trace,
+                         rdzv_endpoint=args.rdzv_endpoint, node_rank=args.node_rank)
     print(f"next: multicard report {outcome.out}")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from multicard import report
+    from multicard import claims, report
 
     if args.out is None and len(args.dirs) != 1:
         raise InputError("report: several DIRs need --out (where REPORT.md and tables go)")
     out = args.out or args.dirs[0]
+    claim_file = args.claims or claims.default_file()
+    claim_list = claims.load(claim_file) if args.claims or claim_file.is_file() else None
     out.mkdir(parents=True, exist_ok=True)
-    sums = report.write_report(args.dirs, out)
+    sums = report.write_report(args.dirs, out, claim_list)
     print(f"wrote {out / 'REPORT.md'}, tables/, figures/ and {sums}")
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from multicard import artifact
+    from multicard import artifact, pack
+
+    if args.path.is_dir():
+        return _print_verify(args.path, artifact.verify(args.path), artifact.SUMS_FILE)
+    if not args.path.exists():
+        raise InputError(f"{args.path}: no such directory or archive")
+    return _print_verify(args.path, pack.verify_archive(args.path), artifact.SUMS_FILE)
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    from multicard import artifact, pack
 
     if not args.dir.is_dir():
         raise InputError(f"{args.dir}: not a directory")
-    return _print_verify(args.dir, artifact.verify(args.dir), artifact.SUMS_FILE)
+    if not (args.dir / artifact.SUMS_FILE).is_file():
+        raise InputError(f"{args.dir}: no {artifact.SUMS_FILE}; run `multicard report {args.dir}` first")
+    status = _print_verify(args.dir, artifact.verify(args.dir), artifact.SUMS_FILE)
+    if status:
+        print(f"{args.dir}: not packed, its files do not match {artifact.SUMS_FILE}")
+        return status
+    print(pack.pack(args.dir, args.out or pack.default_target(args.dir)))
+    return 0
 
 
 def cmd_trace_summarize(args: argparse.Namespace) -> int:
@@ -130,14 +173,14 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 def cmd_data_fetch_llm(args: argparse.Namespace) -> int:
     from multicard.data import llm, mnist
 
-    out = args.out or (args.root or mnist.default_root()) / "llm" / "real"
+    out = args.out or mnist.derived_root(args.root or mnist.default_root()) / "llm" / "real"
     llm.fetch(out, args.rows)
     print(f"{out}: {args.rows} records of each dataset, checksums in {out / 'dataset.json'}")
     return 0
 
 
 def _print_verify(directory: Path, result: Any, sums_name: str) -> int:
-    for kind in ("malformed", "missing", "changed", "unlisted"):
+    for kind in ("unsafe", "malformed", "missing", "changed", "unlisted"):
         for item in getattr(result, kind):
             print(f"{kind.upper()}: {item}")
     if result.ok:
@@ -156,19 +199,32 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = add("plan", cmd_plan, "print the trial plan and its estimated cost; runs nothing")
-    _spec_args(p)
+    _spec_args(p, several=True)
     p.add_argument("--json", action="store_true", help="[{config_id, config, trial}, ...]")
+    p.add_argument("--summary", action="store_true", help="one line per SPEC, no trial table")
 
     p = add("run", cmd_run, "run (or resume) an experiment")
     _spec_args(p)
     p.add_argument("--out", type=Path, help="run directory (default artifact/runs/<name>-<profile>-<UTC>)")
+    p.add_argument("--nnodes", type=_positive_int, help="nodes per trial (run the same command on each)")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                   help="torchrun c10d rendezvous for --nnodes > 1 (e.g. the first node:29500)")
+    p.add_argument("--node-rank", type=int, default=int(os.environ.get("SLURM_NODEID", "0")),
+                   help="this node's index; node 0 records into --out (default: $SLURM_NODEID or 0)")
 
     p = add("report", cmd_report, "tables, figures, REPORT.md and SHA256SUMS for run directories")
     p.add_argument("dirs", type=Path, nargs="+", metavar="DIR")
     p.add_argument("--out", type=Path, help="output directory (default: DIR when only one is given)")
+    p.add_argument("--claims", type=Path, help="claims to judge (default: experiments/claims.toml)")
 
-    p = add("verify", cmd_verify, "check every file against SHA256SUMS (exit 1 naming bad files)")
+    p = add("verify", cmd_verify, "check every file of a directory or a packed archive against "
+            "SHA256SUMS, without extracting (exit 1 naming bad or unsafe files)")
+    p.add_argument("path", type=Path, metavar="DIR|ARCHIVE")
+
+    p = add("pack", cmd_pack, "verify DIR, then write its files and SHA256SUMS to DIR.tar.gz "
+            "beside it (deterministic); prints the archive's path")
     p.add_argument("dir", type=Path, metavar="DIR")
+    p.add_argument("--out", type=Path, help="archive path (default: DIR.tar.gz beside DIR)")
 
     add("env", cmd_env, "print the environment record (env.json) to stdout")
 
@@ -208,8 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", type=Path, metavar="SPEC", help="experiment TOML")
+def _spec_args(p: argparse.ArgumentParser, several: bool = False) -> None:
+    if several:
+        p.add_argument("spec", type=_spec_profile, nargs="+", metavar="SPEC[@PROFILE]",
+                       help="experiment TOML(s); @PROFILE overrides --profile for that one; "
+                            "several print one line each and a total")
+    else:
+        p.add_argument("spec", type=Path, metavar="SPEC", help="experiment TOML")
     p.add_argument("--profile", default="paper", help="paper (default) or a profile of the spec")
     p.add_argument("--trials", type=_positive_int, help="trials per config (default: the spec's)")
     p.add_argument("--set", type=_setting, action="append", metavar="KEY=VALUE", default=[],
@@ -218,6 +279,14 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", choices=("none", "torch", "nsys"),
                    help="profile extra trials with the PyTorch profiler or Nsight Systems "
                         "(default: the spec's [trials].trace)")
+
+
+def _spec_profile(text: str) -> tuple[Path, str | None]:
+    """`experiments/numa_binding.toml@controls` -> (path, "controls"); no @: (path, None)."""
+    path, sep, profile = text.rpartition("@")
+    if sep and path.endswith(".toml") and profile:
+        return Path(path), profile
+    return Path(text), None
 
 
 def _setting(text: str) -> tuple[str, Any]:
@@ -249,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"multicard: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `multicard plan SPEC | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("multicard: interrupted", file=sys.stderr)
         return 130

@@ -24,7 +24,7 @@ from typing import Any
 from multicard import artifact, launch, numa
 from multicard import spec as specmod
 from multicard.data import llm as llm_assets
-from multicard.data import page_cache, scenario_b
+from multicard.data import mnist, page_cache, scenario_b
 from multicard.errors import InputError
 from multicard.params import Value
 from multicard.profiling import nsys
@@ -33,6 +33,17 @@ from multicard.workloads import llm
 
 Settings = Mapping[str, Value]
 Reason = tuple[str, str] | None
+
+
+@dataclass(frozen=True)
+class TrialLaunch:
+    """How one trial is started: its trace mode and, across nodes, its rendezvous."""
+
+    trace: str = "none"
+    rdzv_endpoint: str | None = None  # HOST:PORT of torchrun's c10d rendezvous (several nodes)
+    rdzv_id: str = "multicard"  # the same on every node for the same trial
+
+
 HOOKS = Path(__file__).resolve().parent / "hooks"
 
 
@@ -40,7 +51,7 @@ HOOKS = Path(__file__).resolve().parent / "hooks"
 class Kind:
     prepare: Callable[[Spec, Path, Callable[[str], None]], dict[str, Any]]
     unrunnable: Callable[[Settings, str, int, numa.Topology], Reason]
-    command: Callable[[Settings, Path, Path, str], tuple[list[str], dict[str, str]]]
+    command: Callable[[Settings, Path, Path, TrialLaunch], tuple[list[str], dict[str, str]]]
     before: Callable[[Settings, Path], None]
     result: Callable[[Path, Settings], dict[str, Any] | None]
     sample_memory: bool  # the runner samples the trial's RSS and GPU memory (LLM: the recipe cannot)
@@ -105,10 +116,11 @@ def vision_unrunnable(settings: Settings, trace: str, gpus_here: int, topology: 
 
 
 def vision_command(settings: Settings, trial_dir: Path, data_dir: Path,
-                   trace: str) -> tuple[list[str], dict[str, str]]:
-    profiler = nsys.wrapper(nsys.find_nsys() or "nsys", trial_dir) if trace == "nsys" else []
+                   how: TrialLaunch) -> tuple[list[str], dict[str, str]]:
+    profiler = nsys.wrapper(nsys.find_nsys() or "nsys", trial_dir) if how.trace == "nsys" else []
     wrapper = launch.rank_wrapper(str(settings["numa_policy"]), str(settings["device"]), profiler)
-    return launch.vision_argv(settings, trial_dir, data_dir, trace, wrapper), {}
+    return launch.vision_argv(settings, trial_dir, data_dir, how.trace, wrapper,
+                              how.rdzv_endpoint, how.rdzv_id), {}
 
 
 def vision_before(settings: Settings, data_dir: Path) -> None:
@@ -121,7 +133,7 @@ def vision_before(settings: Settings, data_dir: Path) -> None:
 
 def llm_assets_for(settings: Settings, data_dir: Path) -> llm.Assets:
     """Where a config's weights, tokenizer and data are (generated ones under data/llm/)."""
-    root = data_dir / "llm"
+    root = mnist.derived_root(data_dir) / "llm"
     weights = str(settings["weights"])
     checkpoint = root / "weights" / f"random-{settings['model']}-seed0" if weights == "random" \
         else Path(weights)
@@ -172,8 +184,9 @@ def llm_unrunnable(settings: Settings, trace: str, gpus_here: int, topology: num
 
 
 def llm_command(settings: Settings, trial_dir: Path, data_dir: Path,
-                trace: str) -> tuple[list[str], dict[str, str]]:
-    argv = llm.argv(settings, trial_dir, llm_assets_for(settings, data_dir), trace)
+                how: TrialLaunch) -> tuple[list[str], dict[str, str]]:
+    argv = llm.argv(settings, trial_dir, llm_assets_for(settings, data_dir), how.trace,
+                    how.rdzv_endpoint, how.rdzv_id)
     if not settings["pin_memory"]:
         return argv, {}
     hook = str(HOOKS / "pin_memory")

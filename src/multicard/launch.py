@@ -92,14 +92,11 @@ def rank_wrapper(numa_policy: str, device: str, inner: Sequence[str] = ()) -> li
 
 
 def vision_argv(settings: Mapping[str, Value], trial_dir: Path, data_dir: Path, trace: str,
-                wrapper: Sequence[str] = (), rdzv_endpoint: str | None = None) -> list[str]:
+                wrapper: Sequence[str] = (), rdzv_endpoint: str | None = None,
+                rdzv_id: str = "multicard") -> list[str]:
     """torchrun over `multicard.workloads.vision` with every setting as a flag."""
     module_args = ["--out", str(trial_dir), "--data-dir", str(data_dir), "--trace", trace,
                    *params.to_flags(settings)]
     return torchrun_argv("multicard.workloads.vision", module_args,
                          nproc_per_node=int(settings["gpus"]), nnodes=int(settings["nnodes"]),
-                         rdzv_endpoint=rdzv_endpoint, wrapper=wrapper)
-
-
-# name -> argv builder, one signature per workload kind
-WORKLOAD_ARGV = {"vision": vision_argv}
+                         rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, wrapper=wrapper)

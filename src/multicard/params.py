@@ -110,7 +110,7 @@ VISION: dict[str, Param] = {
 LLM: dict[str, Param] = {
     "device": Param(str, "cuda", "cuda, or cpu (single-device recipes only)", choices=("cuda", "cpu")),
     "gpus": Param(int, 1, "processes per node (tune run --nproc_per_node)", minimum=1),
-    "nnodes": Param(int, 1, "nodes", minimum=1, maximum=1),
+    "nnodes": Param(int, 1, "nodes (tune run --nnodes); >1 needs --rdzv-endpoint", minimum=1),
     "method": Param(str, "lora", "lora, qlora, dpo, qat or full (the reference)",
                     choices=("lora", "qlora", "dpo", "qat", "full")),
     "dataset": Param(str, "gec", "gec (grammar_dataset) or samsum (samsum_dataset)",

@@ -19,7 +19,7 @@ import pandas as pd
 from tabulate import tabulate
 
 import multicard
-from multicard import artifact, store, summarize
+from multicard import artifact, claims, store, summarize
 from multicard import spec as specmod
 from multicard.errors import InputError
 from multicard.spec import Spec
@@ -308,17 +308,19 @@ def load_run(path: Path) -> RunData:
     return RunData(path, spec, env, records, planned=len(timing))
 
 
-def write_report(dirs: list[Path], out: Path) -> Path:
-    """Tables, figures and REPORT.md for every run under `dirs`, then SHA256SUMS over `out`."""
+def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | None = None) -> Path:
+    """Tables, figures and REPORT.md for every run under `dirs` (several runs merge into one
+    report: their claims are judged together), then SHA256SUMS over `out`."""
     runs = [load_run(p) for d in dirs for p in discover_runs(d)]
     for derived in ("tables", "figures"):
         shutil.rmtree(out / derived, ignore_errors=True)
-    sections = [_environment_section(runs, out)]
+    (out / "tables").mkdir(parents=True, exist_ok=True)
+    sections = [_environment_section(runs, out), _claims_section(runs, claim_list, out)]
     used: set[str] = set()
     for run in runs:
         name = _unique(run.spec.name, used)
         sections.append(_experiment_section(run, name, out))
-    sections.append(_verify_section(out))
+    sections += [_failures_section(runs, out), _compute_section(runs, out), _verify_section(out)]
     header = (f"# multicard report\n\nGenerated {datetime.now(UTC).isoformat(timespec='seconds')} "
               f"by multicard {multicard.__version__}.\n")
     (out / "REPORT.md").write_text("\n".join([header, *sections]), encoding="utf-8")
@@ -424,8 +426,7 @@ def _experiment_section(run: RunData, name: str, out: Path) -> str:
     if len(failed):
         lines += ["", "Failures:", ""]
         lines += [f"- `{r.config_id}` trial {r.trial}: **{r.status}** {r.error_type or ''}: "
-                  f"{(r.message or '').splitlines()[0] if r.message else ''}"
-                  for r in failed.itertuples()]
+                  f"{_first_line(r.message)}" for r in failed.itertuples()]
     return "\n".join(lines) + "\n"
 
 
@@ -480,6 +481,82 @@ def _display_effects(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
     out["CI vs 1"] = table["ci"]
     out["n"] = [f"{a}/{b}" for a, b in zip(table["n_base"], table["n"], strict=True)]
     return out
+
+
+def _claims_section(runs: list[RunData], claim_list: list[claims.Claim] | None, out: Path) -> str:
+    if claim_list is None:
+        return "## Claims of the paper\n\nNo claims file (experiments/claims.toml) was given.\n"
+    results: dict[str, list[claims.Results]] = {}
+    for run in runs:
+        results.setdefault(run.spec.name, []).append(claims.results_of(run.spec, run.records))
+    verdicts = claims.evaluate(claim_list, results)
+    table = pd.DataFrame([{
+        "claim": v.claim.id, "the paper says": v.claim.text, "paper": v.claim.paper,
+        "verdict": v.verdict, "ours [95% CI]": evidence_text(v.evidence), "why": v.why,
+        "experiment": ", ".join(_claim_experiments(v.claim)),
+    } for v in verdicts])
+    display = table.assign(verdict=[f"**{v}**" for v in table["verdict"]])
+    counts = ", ".join(f"{(table['verdict'] == k).sum()} {k}" for k in claims.VERDICTS)
+    return ("## Claims of the paper\n\n"
+            f"{len(verdicts)} claims: {counts}. Verdicts follow the 95% confidence intervals only "
+            "(README, \"Claims and verdicts\"). A ratio is mean(metric of the reference arm) / "
+            "mean(metric of the arm the claim is about), e.g. C1: time(FP64) / time(FP32), so above "
+            "1 means the claim's arm has the smaller value (is faster, uses less memory); "
+            "`experiments/claims.toml` names both arms of each claim.\n\n"
+            + _write_tables(out / "tables" / "claims", display, table.to_csv(index=False)))
+
+
+def evidence_text(evidence: tuple[claims.Evidence, ...], shown: int = 6) -> str:
+    """`gpus=1: 60% [58.8, 61.2]; ...`, the first `shown` groups and how many more there are."""
+    def one(e: claims.Evidence) -> str:
+        if e.statuses:
+            return f"{e.label}: {'/'.join(e.statuses)}"
+        ci = "" if math.isnan(e.ci_lo) else f" [{e.ci_lo:.3g}, {e.ci_hi:.3g}]"
+        return f"{e.label}: {e.value:.3g}{e.unit}{ci}"
+
+    text = "; ".join(one(e) for e in evidence[:shown]) or "–"
+    return text + (f" (+{len(evidence) - shown} more)" if len(evidence) > shown else "")
+
+
+def _claim_experiments(claim: claims.Claim) -> list[str]:
+    names = [claim.experiment] if claim.experiment else []
+    for part in claim.parts:
+        names += [n for n in _claim_experiments(part) if n not in names]
+    return names
+
+
+def _failures_section(runs: list[RunData], out: Path) -> str:
+    rows = []
+    for run in runs:
+        causes = summarize.failure_causes(summarize.failures(run.spec, run.records))
+        rows += [{"experiment": run.spec.name, "run": _rel(run.path, out), **row}
+                 for row in causes.to_dict("records")]
+    if not rows:
+        return "## Failures and skips\n\nNo attempt failed and no config was skipped.\n"
+    table = pd.DataFrame(rows)
+    table["message"] = [_first_line(m)[:160] for m in table["message"]]
+    return ("## Failures and skips\n\nEvery attempt that failed (error, timeout, oom) and every "
+            "config this machine could not run (`skipped`, with the reason), by cause; the "
+            "per-trial list is in each section above, the stderr of a failed attempt in "
+            "`raw/<config>-t<trial>-a<attempt>/stderr.log`.\n\n"
+            + render_markdown(table))
+
+
+def _first_line(message: object) -> str:
+    lines = message.splitlines() if isinstance(message, str) else []
+    return lines[0] if lines else ""
+
+
+def _compute_section(runs: list[RunData], out: Path) -> str:
+    rows = []
+    for run in runs:
+        spent = summarize.compute_spent(run.spec, run.records)
+        unit = "GPU-hours" if spent.device == "cuda" else "rank-hours (CPU)"
+        rows.append({"experiment": run.spec.name, "run": _rel(run.path, out), "device": spent.device,
+                     "attempts": spent.attempts, "wall (h)": f"{spent.wall_hours:.3f}",
+                     "spent": f"{spent.device_hours:.3f} {unit}"})
+    return ("## Compute spent\n\nSum over attempts (ok or not) of wall time x processes per node x "
+            "nodes; skipped configs cost nothing.\n\n" + render_markdown(pd.DataFrame(rows)))
 
 
 def _verify_section(out: Path) -> str:

@@ -56,7 +56,8 @@ class RunOutcome:
     ran: int
     ok: int
     failed: int
-    skipped_done: int
+    skipped: int  # configs this machine cannot run (reason recorded)
+    already_ok: int  # trials a previous invocation finished
 
 
 def utc_now() -> str:
@@ -64,8 +65,18 @@ def utc_now() -> str:
 
 
 def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], None] = print,
-        data_dir: Path | None = None, trace: str | None = None) -> RunOutcome:
-    """Run (or resume) `spec` into `out`; `trace` overrides the spec's `[trials].trace`."""
+        data_dir: Path | None = None, trace: str | None = None, rdzv_endpoint: str | None = None,
+        node_rank: int = 0) -> RunOutcome:
+    """Run (or resume) `spec` into `out`; `trace` overrides the spec's `[trials].trace`.
+
+    Across several nodes (`nnodes` > 1) the same command runs on every node with the same
+    `rdzv_endpoint`: each trial's torchrun processes meet there (c10d rendezvous, one id per
+    trial). Node 0 records into `out`; node R > 0 keeps its own records in `out/nodes/node<R>`.
+    """
+    if any(int(s["nnodes"]) > 1 for _, _, s in specmod.configs(spec)) and not rdzv_endpoint:
+        raise InputError(f"{spec.path}: nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+    if node_rank:
+        out = out / "nodes" / f"node{node_rank}"
     out.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(out / ".run.lock"), timeout=0)
     try:
@@ -78,7 +89,7 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
         data_dir = (data_dir or mnist.default_root()).resolve()
         _prepare(spec, out, data_dir)
         _prepare_inputs(spec, out, data_dir, echo)
-        return _run_pending(spec, out, data_dir, echo)
+        return _run_pending(spec, out, data_dir, echo, rdzv_endpoint)
     finally:
         lock.release()
 
@@ -118,7 +129,8 @@ def _prepare_inputs(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str],
         (out / "datasets.json").write_text(json.dumps(used, indent=1), encoding="utf-8")
 
 
-def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], None]) -> RunOutcome:
+def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], None],
+                 rdzv_endpoint: str | None = None) -> RunOutcome:
     trials_file = out / store.TRIALS_FILE
     records = store.read(trials_file)
     done = store.finished(records)
@@ -128,7 +140,7 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
     echo(f"{spec.name} ({spec.profile}): {len(planned)} trials planned, "
          f"{len(planned) - len(todo)} already ok, {len(todo)} to run, "
          f"estimated {format_duration(sum(estimates))}")
-    ok = failed = 0
+    ok = failed = skipped = 0
     walls: list[float] = []
     gpus_here = _check_devices(spec, todo)
     topology = numa.live(with_links=False)
@@ -138,18 +150,20 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
         if reason:
             record = skipped_record(spec, planned_trial, *reason)
         else:
-            record = run_trial(spec, planned_trial, out, data_dir)
+            record = run_trial(spec, planned_trial, out, data_dir, rdzv_endpoint)
         store.append(trials_file, record)
         if record["status"] != "skipped":
             walls.append(record["wall_s"])
         ok += record["status"] == "ok"
-        failed += record["status"] != "ok"
+        skipped += record["status"] == "skipped"
+        failed += record["status"] not in ("ok", "skipped")
         remaining = len(todo) - index - 1
         eta = sum(walls) / len(walls) * remaining if walls else 0.0
         echo(f"[{index + 1:>{len(str(len(todo)))}}/{len(todo)}] {describe(planned_trial)}: "
              f"{record['status']} in {record['wall_s']:.1f} s | ETA {format_duration(eta)}")
-    echo(f"{spec.name}: {ok} ok, {failed} not ok; records in {trials_file}")
-    return RunOutcome(out, len(todo), ok, failed, len(planned) - len(todo))
+    echo(f"{spec.name}: {ok} ok, {failed} failed, {skipped} skipped (see their reasons); "
+         f"records in {trials_file}")
+    return RunOutcome(out, len(todo), ok, failed, skipped, len(planned) - len(todo))
 
 
 def _check_devices(spec: Spec, todo: list[PlannedTrial]) -> int:
@@ -200,13 +214,16 @@ def _trial_dir(out: Path, planned: PlannedTrial) -> tuple[Path, int]:
     return path, attempt
 
 
-def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path) -> dict[str, Any]:
+def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
+              rdzv_endpoint: str | None = None) -> dict[str, Any]:
     """Launch one trial, wait for it (with the spec's timeout) and return its record."""
     trial_dir, attempt = _trial_dir(out, planned)
     settings = dict(planned.params)
     settings["seed"] = int(settings["seed"]) + planned.trial  # independent samples, reproducible
     kind = kinds.KINDS[spec.workload]
-    argv, extra_env = kind.command(settings, trial_dir, data_dir, planned.trace)
+    how = kinds.TrialLaunch(planned.trace, rdzv_endpoint,
+                            f"{planned.config_id}-t{planned.trial}-{planned.trace}")
+    argv, extra_env = kind.command(settings, trial_dir, data_dir, how)
     env = launch.trial_env({**os.environ, **extra_env}, int(settings["gpus"]), os.cpu_count() or 1)
     changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
     dropped = [k for k in os.environ if k not in env]

@@ -65,6 +65,41 @@ def failures(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
                                        "message"])
 
 
+def failure_causes(failed: pd.DataFrame) -> pd.DataFrame:
+    """The failures of `failures()` grouped by cause: how many, in which configs, one message."""
+    if failed.empty:
+        return pd.DataFrame(columns=["cause", "attempts", "configs", "message"])
+    frame = failed.assign(cause=[cause(s, t) for s, t in zip(failed["status"], failed["error_type"],
+                                                               strict=True)])
+    grouped = frame.groupby("cause", sort=True)
+    return pd.DataFrame({
+        "attempts": grouped.size(),
+        "configs": grouped["config_id"].nunique(),
+        "message": grouped["message"].first(),
+    }).reset_index()
+
+
+@dataclass(frozen=True)
+class Spent:
+    device: str  # "cuda" (GPU-hours) or "cpu" (rank-hours)
+    attempts: int  # launched trials, ok or not (skipped ones cost nothing)
+    wall_hours: float
+    device_hours: float  # wall x processes per node x nodes
+
+
+def compute_spent(spec: Spec, records: Iterable[dict[str, Any]]) -> Spent:
+    """What the recorded attempts of this experiment cost, from their wall times."""
+    attempts, wall, device = 0, 0.0, 0.0
+    for r in records:
+        if r.get("experiment") != spec.name or r.get("status") == "skipped":
+            continue
+        settings = {**spec.fixed, **r["config"]}
+        attempts += 1
+        wall += r["wall_s"]
+        device += r["wall_s"] * int(settings.get("gpus", 1)) * int(settings.get("nnodes", 1))
+    return Spent(str(spec.fixed.get("device", "cuda")), attempts, wall / 3600, device / 3600)
+
+
 def config_table(spec: Spec, trials: pd.DataFrame, failed: pd.DataFrame) -> pd.DataFrame:
     """One row per config in grid order: statistics per metric, speedup, paper values, failures."""
     rows = []
@@ -119,20 +154,26 @@ def _traced(records: Iterable[dict[str, Any]], spec: Spec) -> list[dict[str, Any
             and r.get("trace", "none") != "none" and r.get("trace_metrics")]
 
 
-def trace_table(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
-    """Per config: every trace metric, averaged over the ranks of a trial, then over its traced
-    trials (counts, bytes, nanoseconds per rank)."""
+def trace_trials(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """One row per traced trial: every trace metric averaged over the trial's ranks."""
     rows = []
     for record in _traced(records, spec):
         per_rank = pd.DataFrame([s for s in record["trace_metrics"].values() if "error" not in s])
         if per_rank.empty:
             continue
         numbers = per_rank.drop(columns=["format", "epoch_pauses_ns"], errors="ignore").mean()
-        rows.append({**record["config"], "config_id": record["config_id"], "trace": record["trace"],
-                     **numbers.to_dict()})
-    if not rows:
-        return pd.DataFrame()
-    frame = _in_grid_order(spec, pd.DataFrame(rows))
+        rows.append({**record["config"], "config_id": record["config_id"], "trial": record["trial"],
+                     "trace": record["trace"], **numbers.to_dict()})
+    return _in_grid_order(spec, pd.DataFrame(rows)) if rows else pd.DataFrame()
+
+
+def trace_table(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """Per config: every trace metric, averaged over the ranks of a trial, then over its traced
+    trials (counts, bytes, nanoseconds per rank)."""
+    frame = trace_trials(spec, records)
+    if frame.empty:
+        return frame
+    frame = frame.drop(columns="trial")
     keys = [*spec.grid, "config_id", "trace"]
     table = frame.groupby(keys, sort=False).mean(numeric_only=True).reset_index()
     table.insert(len(keys), "n", frame.groupby(keys, sort=False).size().to_numpy())

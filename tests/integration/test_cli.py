@@ -75,6 +75,34 @@ def test_report_then_verify_then_tamper(tmp_path: Path) -> None:
     assert bad.stdout.splitlines() == ["CHANGED: trials.jsonl"]
 
 
+def test_pack_prints_the_archive_and_verify_reads_it(tmp_path: Path) -> None:
+    run = constructed_run(tmp_path / "run")
+    assert multicard("report", str(run)).returncode == 0
+    packed = multicard("pack", str(run))
+    assert packed.returncode == 0
+    archive = Path(packed.stdout.splitlines()[-1])
+    assert archive == tmp_path / "run.tar.gz" and archive.is_file()
+    checked = multicard("verify", str(archive))
+    assert checked.returncode == 0 and "all files match" in checked.stdout
+    (run / "REPORT.md").write_text("edited\n")  # a directory that no longer verifies is not packed
+    refused = multicard("pack", str(run), "--out", str(tmp_path / "other.tar.gz"))
+    assert refused.returncode == 1 and "CHANGED: REPORT.md" in refused.stdout
+    assert not (tmp_path / "other.tar.gz").exists()
+    (tmp_path / "notes.txt").write_text("hello\n")
+    not_tar = multicard("verify", str(tmp_path / "notes.txt"))
+    assert not_tar.returncode == 2 and "not a tar archive" in not_tar.stderr
+
+
+def test_plan_several_specs_prints_one_line_each_and_a_total() -> None:
+    result = multicard("plan", "--summary", str(EXPERIMENTS / "table2_precision.toml"),
+                       str(EXPERIMENTS / "numa_binding.toml") + "@controls")
+    lines = result.stdout.strip().splitlines()
+    assert result.returncode == 0
+    assert lines[0].startswith("table2_precision (profile paper): 5 trial(s) x 20 configs")
+    assert lines[1].startswith("numa_binding (profile controls):")
+    assert lines[-1].startswith("total: 260 trials; estimated ")
+
+
 def test_env_and_data_verify() -> None:
     env = multicard("env")
     assert env.returncode == 0 and json.loads(env.stdout)["schema"] == 1

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,3 +142,62 @@ def test_facets_breakdown_and_binary_paper_outcomes(tmp_path: Path) -> None:
     dali = csv[(csv.loader == "dali") & (csv.image_size == 300) & (csv.gpus == 2)].iloc[0]
     assert dali["breakdown.data_wait_s"] == pytest.approx(2.5)
     assert dali["breakdown.compute_s"] == pytest.approx(7.5)
+
+
+def gpu_run(directory: Path, experiment: str, times: dict[tuple[Any, ...], list[float]],
+            metric: str) -> Path:
+    """A run of a shipped experiment's paper profile (device cuda) with hand-made records."""
+    s = spec.load(EXPERIMENTS / f"{experiment}.toml")
+    directory.mkdir(parents=True)
+    (directory / "spec.toml").write_text(spec.to_toml(s))
+    ids = {tuple(c.values()): (cid, c) for cid, c, _ in spec.configs(s)}
+    for key, values in times.items():
+        cid, config = ids[key]
+        for trial, t in enumerate(values):
+            store.append(directory / "trials.jsonl", {
+                "schema": 1, "experiment": s.name, "config_id": cid, "config": config,
+                "trial": trial, "status": "ok", "started": "2026-01-01T00:00:00+00:00",
+                "wall_s": 3600.0, "metrics": {metric: t}, "error": None, "artifacts": []})
+    return directory
+
+
+def test_two_gpu_runs_merge_into_one_report_whose_claims_read_both(tmp_path: Path) -> None:
+    from multicard import artifact, claims
+
+    table2 = gpu_run(tmp_path / "t2", "table2_precision",
+                     {("fp64", 2): [16.0, 16.1, 15.9], ("fp32", 2): [10.0, 10.05, 9.95]},
+                     "train_time_s")
+    table5 = gpu_run(tmp_path / "t5", "table5_llm_pin_memory",
+                     {(False, 1): [1.0, 1.01, 0.99], (True, 1): [1.001, 1.0, 0.999]},
+                     "step_time_median_s")
+    out = tmp_path / "merged"
+    report.write_report([table2, table5], out, claims.load(EXPERIMENTS / "claims.toml"))
+    text = (out / "REPORT.md").read_text()
+    assert "## Table 2" in text and "## Table 5" in text
+    verdicts = {row[0]: row[3] for row in rows((out / "tables" / "claims.md").read_text()).values()}
+    assert verdicts["C1"] == "**supported**"   # from the Table 2 run
+    assert verdicts["C14"] == "**supported**"  # from the Table 5 run
+    assert verdicts["C15"] == "**not run**"
+    assert "19 claims: 2 supported, 0 contradicted, 0 inconclusive, 17 not run" in text
+    # compute spent: 6 + 6 trials of 1 h; table 2 at 2 GPUs, table 5 at 1
+    assert "12.000 GPU-hours" in text and "6.000 GPU-hours" in text
+    assert artifact.verify(out).ok
+    assert not (table2 / "REPORT.md").exists()  # the runs themselves stay untouched
+
+
+def test_failures_are_summarised_by_cause(reported: Path) -> None:
+    text = (reported / "REPORT.md").read_text()
+    section = text.split("## Failures and skips")[1].split("##")[0]
+    assert "| oom " in section and "CUDA out of memory" in section
+    # walls (time + 5 s): fp64 15+17 and fp32 10+11 at 1 rank, fp16 9+9 and the 3 s oom at 2
+    assert "0.026 rank-hours (CPU)" in text
+
+
+def test_evidence_text_shows_ratios_percentages_statuses_and_how_many_more() -> None:
+    from multicard.claims import Evidence
+
+    evidence = (Evidence("gpus=1", 60.04, 58.81, 61.2, "%"), Evidence("gpus=2", 1.234, 1.1, 1.4),
+                Evidence("{'loader': 'torch'}", statuses=("oom",)), Evidence("gpus=4", 2.0))
+    assert report.evidence_text(evidence, shown=3) == (
+        "gpus=1: 60% [58.8, 61.2]; gpus=2: 1.23x [1.1, 1.4]; {'loader': 'torch'}: oom (+1 more)")
+    assert report.evidence_text(()) == "–"

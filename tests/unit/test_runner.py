@@ -80,7 +80,7 @@ def test_configs_needing_more_gpus_than_visible_are_skipped(tmp_path: Path, monk
     monkeypatch.setattr(telemetry, "visible_gpu_count", lambda: 1)  # a 1-GPU node
     path = write_spec(tmp_path, fixed={"device": "cuda"}, grid={"gpus": [2, 4]})
     outcome = runner.run(spec.load(path), tmp_path / "run", echo=lambda _: None)
-    assert (outcome.ran, outcome.ok, outcome.failed) == (2, 0, 2)
+    assert (outcome.ran, outcome.ok, outcome.failed, outcome.skipped) == (2, 0, 0, 2)
     records = store.read(tmp_path / "run" / "trials.jsonl")
     assert [r["status"] for r in records] == ["skipped", "skipped"]
     assert {r["error"]["message"] for r in records} == {"needs 2 GPUs per node, 1 visible",

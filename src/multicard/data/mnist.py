@@ -46,6 +46,12 @@ def default_root() -> Path:
     return Path(__file__).resolve().parents[3] / "data"
 
 
+def derived_root(data_root: Path) -> Path:
+    """Where data made from the originals goes (Scenario B trees, LLM assets): $MULTICARD_CACHE_DIR,
+    else next to them. A read-only image (Apptainer SIF) points the variable at a writable bind."""
+    return Path(os.environ["MULTICARD_CACHE_DIR"]) if os.environ.get("MULTICARD_CACHE_DIR") else data_root
+
+
 def verify(mnist_dir: Path) -> None:
     """Raise InputError naming the first missing or altered file."""
     for name, expected in SHA256.items():

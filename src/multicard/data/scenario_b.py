@@ -74,7 +74,7 @@ class Request:
 
 def tree_path(data_root: Path, size: int, fmt: str) -> Path:
     """Where the runner and the workload expect the tree for (size, format)."""
-    return data_root / "scenario_b" / f"{size}px-{fmt}"
+    return mnist.derived_root(data_root) / "scenario_b" / f"{size}px-{fmt}"
 
 
 def relative_path(split: str, label: int, index: int, fmt: str) -> str:

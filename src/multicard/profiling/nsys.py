@@ -7,10 +7,14 @@ from pathlib import Path
 
 # What the paper's metrics need (CUDA API, kernels, copies, NVTX, OS runtime), plus the cuDNN and
 # cuBLAS ranges; device memory use over time; only the window the workload opens with
-# cudaProfilerStart/Stop (the timed training, not start-up or evaluation).
+# cudaProfilerStart/Stop (the timed training, not start-up or evaluation). No CPU sampling or
+# context-switch tracing: they need perf_event_open, which containers usually deny, and the
+# metrics do not use them.
 NSYS_PROFILE = (
     "profile",
     "--trace=cuda,nvtx,osrt,cudnn,cublas",
+    "--sample=none",
+    "--cpuctxsw=none",
     "--cuda-memory-usage=true",
     "--capture-range=cudaProfilerApi",
     "--capture-range-end=stop",

@@ -145,9 +145,13 @@ def overrides(settings: Mapping[str, Value], trial_dir: Path, found: Assets, tra
     return out
 
 
-def argv(settings: Mapping[str, Value], trial_dir: Path, found: Assets, trace: str) -> list[str]:
+def argv(settings: Mapping[str, Value], trial_dir: Path, found: Assets, trace: str,
+         rdzv_endpoint: str | None = None, rdzv_id: str = "multicard") -> list[str]:
     name, config, ranks = recipe(settings)
     launcher = [sys.executable, "-m", "torchtune._cli.tune", "run"]
+    if int(settings["nnodes"]) > 1:  # tune run passes these to torchrun
+        launcher += [f"--nnodes={settings['nnodes']}", "--rdzv_backend=c10d",
+                     f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}"]
     if ranks > 1 or name.endswith("distributed"):
         launcher.append(f"--nproc_per_node={ranks}")
     return [*launcher, name, "--config", config, *overrides(settings, trial_dir, found, trace)]

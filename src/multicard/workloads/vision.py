@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     gathered: list[dict[str, Any]] = [{} for _ in range(world)]
     dist.all_gather_object(gathered, local)
-    if rank == 0:
+    if local_rank == 0:  # every node keeps the whole result (its runner records it on node 0)
         result = {
             "metrics": combine_ranks(gathered, accuracy),
             "ranks": gathered,

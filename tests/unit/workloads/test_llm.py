@@ -78,11 +78,11 @@ def test_tiny_model_and_method_specific_overrides() -> None:
 
 
 def test_pin_memory_adds_the_start_up_hook() -> None:
-    _, env = kinds.llm_command(settings(pin_memory=True), Path("/t"), Path("/d"), "none")
+    _, env = kinds.llm_command(settings(pin_memory=True), Path("/t"), Path("/d"), kinds.TrialLaunch())
     assert env["MULTICARD_PIN_MEMORY"] == "1"
     hook = Path(env["PYTHONPATH"].split(":")[0])
     assert (hook / "sitecustomize.py").is_file()
-    assert kinds.llm_command(settings(), Path("/t"), Path("/d"), "none")[1] == {}
+    assert kinds.llm_command(settings(), Path("/t"), Path("/d"), kinds.TrialLaunch())[1] == {}
 
 
 def test_skip_reasons() -> None:

@@ -1,0 +1,42 @@
+"""The reviewer-facing session lists of noxfile.py against the experiments and the cost model."""
+
+from __future__ import annotations
+
+import importlib.util
+import tomllib
+from types import ModuleType
+
+from multicard import cost, spec
+from tests.helpers import EXPERIMENTS, ROOT
+
+
+def load_noxfile() -> ModuleType:
+
+    loader = importlib.util.spec_from_file_location("noxfile", ROOT / "noxfile.py")
+    assert loader is not None and loader.loader is not None
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module
+
+
+NOXFILE = load_noxfile()
+
+
+def test_reproduce_runs_every_experiment_and_every_numa_profile_once() -> None:
+    experiments = {p.stem for p in EXPERIMENTS.glob("*.toml") if p.name != "claims.toml"}
+    assert {e for e, _ in NOXFILE.PAPER_RUNS} == experiments
+    assert len(set(NOXFILE.PAPER_RUNS)) == len(NOXFILE.PAPER_RUNS)
+    numa = tomllib.loads((EXPERIMENTS / "numa_binding.toml").read_text())["profiles"]
+    assert {p for e, p in NOXFILE.PAPER_RUNS if e == "numa_binding"} == {"paper"} | (
+        set(numa) - {"smoke"})
+
+
+def test_kick_the_tires_fits_30_minutes_on_one_gpu_by_the_cost_model() -> None:
+    seconds = 0.0
+    for experiment, profile in NOXFILE.KICK_RUNS:
+        s = spec.load(EXPERIMENTS / f"{experiment}.toml", profile)
+        planned = spec.plan(s)
+        assert s.fixed["device"] == "cuda" and {p.params["gpus"] for p in planned} == {1}
+        assert s.trials >= 3  # enough for a confidence interval
+        seconds += sum(cost.trial_seconds(s.workload, p.params) for p in planned)
+    assert seconds < 27 * 60  # minutes left for preparing Scenario B and the report
