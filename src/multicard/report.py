@@ -566,5 +566,7 @@ def _verify_section(out: Path) -> str:
         "```\n"
         f"cd {out.as_posix()} && sha256sum -c SHA256SUMS\n"
         f"multicard verify {out.as_posix()}    # also names files that are missing or unlisted\n"
-        "```\n"
+        "```\n\n"
+        f"To deposit it in an archive: `multicard pack {out.as_posix()}` writes a deterministic "
+        f"`{out.name}.tar.gz` beside it, which `multicard verify` checks without extracting.\n"
     )
