@@ -161,8 +161,8 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
         eta = sum(walls) / len(walls) * remaining if walls else 0.0
         echo(f"[{index + 1:>{len(str(len(todo)))}}/{len(todo)}] {describe(planned_trial)}: "
              f"{record['status']} in {record['wall_s']:.1f} s | ETA {format_duration(eta)}")
-    echo(f"{spec.name}: {ok} ok, {failed} failed, {skipped} skipped (see their reasons); "
-         f"records in {trials_file}")
+    reasons = " (reasons in the records)" if skipped else ""
+    echo(f"{spec.name}: {ok} ok, {failed} failed, {skipped} skipped{reasons}; records in {trials_file}")
     return RunOutcome(out, len(todo), ok, failed, skipped, len(planned) - len(todo))
 
 
