@@ -12,9 +12,12 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from multicard.errors import InputError
+
+if TYPE_CHECKING:  # the commands import what they need when they run: `multicard --help` stays fast
+    from multicard.spec import PlannedTrial, Spec
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,19 +39,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           for s, planned in zip(specs, plans, strict=True) for p in planned],
                          indent=1))
         return 0
-    totals = [0.0, 0.0]
+    wall = device_hours = 0.0
     for s, planned in zip(specs, plans, strict=True):
-        seconds, device_hours = _print_plan(s, planned, table=len(specs) == 1 and not args.summary)
-        totals = [totals[0] + seconds, totals[1] + device_hours]
+        seconds, hours = _print_plan(s, planned, table=len(specs) == 1 and not args.summary)
+        wall, device_hours = wall + seconds, device_hours + hours
     if len(specs) > 1:
         from multicard.runner import format_duration
 
-        print(f"\ntotal: {sum(len(p) for p in plans)} trials; estimated {format_duration(totals[0])} "
-              f"wall, {totals[1]:.2f} device-hours (GPU-hours for cuda specs).")
+        print(f"\ntotal: {sum(len(p) for p in plans)} trials; estimated {format_duration(wall)} "
+              f"wall, {device_hours:.2f} device-hours (GPU-hours for cuda specs).")
     return 0
 
 
-def _print_plan(s: Any, planned: list[Any], table: bool) -> tuple[float, float]:
+def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool) -> tuple[float, float]:
+    """Print one spec's plan (its trial table when `table`); return (wall s, device-hours)."""
     from tabulate import tabulate
 
     from multicard import cost, runner, spec
@@ -59,9 +63,9 @@ def _print_plan(s: Any, planned: list[Any], table: bool) -> tuple[float, float]:
                 for p, sec in zip(planned, seconds, strict=True)]
         print(tabulate(rows, headers=["order", "config_id", *s.grid, "trial", "trace", "estimate"],
                        tablefmt="plain") + "\n")
-    device_hours = sum(sec * int(p.params["gpus"]) * int(p.params["nnodes"])
+    device_hours = sum(cost.device_seconds(sec, p.params)
                        for p, sec in zip(planned, seconds, strict=True)) / 3600
-    unit = "GPU-hours" if s.fixed.get("device", "cuda") == "cuda" else "rank-hours (CPU)"
+    unit = cost.device_unit(str(s.fixed.get("device", "cuda")))
     configs = len(spec.configs(s))
     print(f"{s.name} (profile {s.profile}): {len(planned) // max(1, configs)} trial(s) x {configs} "
           f"configs = {len(planned)} trials"

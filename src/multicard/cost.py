@@ -67,6 +67,15 @@ def llm_trial_seconds(settings: Mapping[str, Value]) -> float:
     return LLM_START_S.get(key, 120.0) + int(settings["max_steps"]) * tokens / rates[str(settings["method"])]
 
 
+def device_seconds(wall_s: float, settings: Mapping[str, Value]) -> float:
+    """What a launch of `wall_s` occupies: every process of every node (GPUs on cuda, ranks on cpu)."""
+    return wall_s * int(settings.get("gpus", 1)) * int(settings.get("nnodes", 1))
+
+
+def device_unit(device: str) -> str:
+    return "GPU-hours" if device == "cuda" else "rank-hours (CPU)"
+
+
 def trial_seconds(workload: str, settings: Mapping[str, Value]) -> float:
     return TRIAL_COST[workload](settings)
 

@@ -19,7 +19,7 @@ import pandas as pd
 from tabulate import tabulate
 
 import multicard
-from multicard import artifact, claims, store, summarize
+from multicard import artifact, claims, cost, store, summarize
 from multicard import spec as specmod
 from multicard.errors import InputError
 from multicard.spec import Spec
@@ -551,7 +551,7 @@ def _compute_section(runs: list[RunData], out: Path) -> str:
     rows = []
     for run in runs:
         spent = summarize.compute_spent(run.spec, run.records)
-        unit = "GPU-hours" if spent.device == "cuda" else "rank-hours (CPU)"
+        unit = cost.device_unit(spent.device)
         rows.append({"experiment": run.spec.name, "run": _rel(run.path, out), "device": spent.device,
                      "attempts": spent.attempts, "wall (h)": f"{spent.wall_hours:.3f}",
                      "spent": f"{spent.device_hours:.3f} {unit}"})

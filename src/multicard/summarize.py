@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from multicard import cost, stats
 from multicard import spec as specmod
-from multicard import stats
 from multicard.spec import Spec
 
 # Metrics where larger is better: their speedup is mean(x) / mean(baseline).
@@ -93,10 +93,9 @@ def compute_spent(spec: Spec, records: Iterable[dict[str, Any]]) -> Spent:
     for r in records:
         if r.get("experiment") != spec.name or r.get("status") == "skipped":
             continue
-        settings = {**spec.fixed, **r["config"]}
         attempts += 1
         wall += r["wall_s"]
-        device += r["wall_s"] * int(settings.get("gpus", 1)) * int(settings.get("nnodes", 1))
+        device += cost.device_seconds(r["wall_s"], {**spec.fixed, **r["config"]})
     return Spent(str(spec.fixed.get("device", "cuda")), attempts, wall / 3600, device / 3600)
 
 
