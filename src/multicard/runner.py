@@ -342,8 +342,7 @@ def classify(returncode: int | None, timed_out: bool, stderr_tail: str,
                        "stderr_tail": tail}
     for pattern, name in CAUSES:
         if match := pattern.search(tail):
-            kind = name
-            message = message or match.group(0)
+            kind, message = name, cause_message(tail, match, message)
             break
     if kind is None:
         kind = "ExitCode"
@@ -352,6 +351,15 @@ def classify(returncode: int | None, timed_out: bool, stderr_tail: str,
         if returncode == 0:
             message += " but no result.json was written"
     return "failed", {"type": kind, "message": message, "stderr_tail": tail}
+
+
+def cause_message(tail: str, match: re.Match[str], root_message: str | None) -> str:
+    """The words that name a cause. A rank's first exception may be a side effect that raced
+    ahead of it (a killed worker's socket resets before the DataLoader reports the death), so
+    it is kept only when it states the cause itself."""
+    line_end = tail.find("\n", match.end())
+    cause = tail[match.start(): None if line_end < 0 else line_end].strip()
+    return root_message if root_message and match.group(0) in root_message else cause
 
 
 def root_exception(text: str) -> tuple[str | None, str | None]:

@@ -93,8 +93,20 @@ def test_dataloader_worker_deaths_are_named() -> None:
     killed = "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed. \n"
     status, error = runner.classify(1, False, killed, None, 60)
     assert (status, error["type"]) == ("failed", "DataLoaderWorkerKilled")
+    assert error["message"] == "DataLoader worker (pid 4242) is killed by signal: Killed."
     exited = "RuntimeError: DataLoader worker (pid(s) 11, 12) exited unexpectedly\n"
     assert runner.classify(1, False, exited, None, 60)[1]["type"] == "DataLoaderWorkerKilled"
+
+
+def test_a_worker_death_is_named_even_when_a_socket_error_is_raised_first() -> None:
+    # a worker killed mid-transfer resets the socket its batch came through before the
+    # DataLoader's own check reports the death
+    tail = ("ConnectionResetError: [Errno 104] Connection reset by peer\n"
+            "During handling of the above exception, another exception occurred:\n"
+            "RuntimeError: DataLoader worker (pid 9677) is killed by signal: Killed.\n")
+    status, error = runner.classify(1, False, tail, None, 60)
+    assert (status, error["type"]) == ("failed", "DataLoaderWorkerKilled")
+    assert error["message"] == "DataLoader worker (pid 9677) is killed by signal: Killed."
 
 
 def test_shared_memory_exhaustion_is_named() -> None:
