@@ -137,6 +137,14 @@ def numa(session: nox.Session) -> None:
     _paper_session(session, "numa_binding")
 
 
+@nox.session(python=False, name="device-check")
+def device_check(session: nox.Session) -> None:
+    """benchmarks/device_check.py: one GPU, under 8 minutes, into artifact/runs/<gpu>-device-check-<UTC>/;
+    `-- --dry-run` prints the plan, `-- --device cpu` runs it on CPU."""
+    python = dev_python(session)
+    session.run(python, str(ROOT / "benchmarks" / "device_check.py"), *session.posargs)
+
+
 # The paper's experiments in the order `reproduce` runs them: (experiment, profile).
 PAPER_RUNS = (
     ("table2_precision", "paper"), ("table3_pin_memory", "paper"), ("figure6_loaders", "paper"),

@@ -2,7 +2,8 @@
 
 - `prepare`: before the first trial, make the inputs exist and check them (Scenario B trees; LLM
   tokenizer, data and weights); returns what datasets.json records.
-- `unrunnable`: why this machine cannot run a config (the trial is recorded as skipped).
+- `unrunnable`: why this machine (`Machine`: its GPUs as a trial's CUDA will see them, its NUMA
+  topology, its tools) cannot run a config (the trial is recorded as skipped).
 - `command`: the trial's argv and the environment it adds.
 - `before`: just before the launch, outside the trial's clock (page cache state).
 - `result`: the trial's result dict ({"metrics": ...}) from its directory, or None.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multicard import artifact, launch, numa
+from multicard import artifact, devices, launch, numa
 from multicard import spec as specmod
 from multicard.data import llm as llm_assets
 from multicard.data import mnist, page_cache, scenario_b
@@ -48,19 +49,38 @@ HOOKS = Path(__file__).resolve().parent / "hooks"
 
 
 @dataclass(frozen=True)
+class Machine:
+    """What the runner knows of this node before any trial, looked up once (tests build one)."""
+
+    gpus: list[devices.GpuIdentity]  # as CUDA will number them in a trial (CUDA_VISIBLE_DEVICES)
+    topology: numa.Topology
+    numactl: bool  # numactl is on PATH
+    cuda_visible_devices: str | None = None
+
+
+def this_machine(gpus: list[devices.GpuIdentity]) -> Machine:
+    return Machine(gpus, numa.live(with_links=False), shutil.which("numactl") is not None,
+                   os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@dataclass(frozen=True)
 class Kind:
     prepare: Callable[[Spec, Path, Callable[[str], None]], dict[str, Any]]
-    unrunnable: Callable[[Settings, str, int, numa.Topology], Reason]
+    unrunnable: Callable[[Settings, str, Machine], Reason]
     command: Callable[[Settings, Path, Path, TrialLaunch], tuple[list[str], dict[str, str]]]
     before: Callable[[Settings, Path], None]
     result: Callable[[Path, Settings], dict[str, Any] | None]
     sample_memory: bool  # the runner samples the trial's RSS and GPU memory (LLM: the recipe cannot)
 
 
-def _needs_gpus(settings: Settings, gpus_here: int) -> Reason:
+def _needs_gpus(settings: Settings, machine: Machine, bf16: bool) -> Reason:
     needed = int(settings["gpus"])
-    if settings["device"] == "cuda" and needed > gpus_here:
-        return "NotEnoughGPUs", f"needs {needed} GPUs per node, {gpus_here} visible"
+    if settings["device"] != "cuda":
+        return None
+    if needed > len(machine.gpus):
+        return "NotEnoughGPUs", f"needs {needed} GPUs per node, {len(machine.gpus)} visible"
+    if bf16 and (why := devices.bf16_unsupported(machine.gpus[:needed])):
+        return "BF16NotSupported", why
     return None
 
 
@@ -97,19 +117,20 @@ def vision_prepare(spec: Spec, data_dir: Path, echo: Callable[[str], None]) -> d
     return used
 
 
-def vision_unrunnable(settings: Settings, trace: str, gpus_here: int, topology: numa.Topology) -> Reason:
-    if reason := _needs_gpus(settings, gpus_here):
+def vision_unrunnable(settings: Settings, trace: str, machine: Machine) -> Reason:
+    if reason := _needs_gpus(settings, machine, bf16=settings.get("precision") == "bf16"):
         return reason
     if settings.get("loader") == "dali" and importlib.util.find_spec("nvidia.dali") is None:
         return "DaliNotInstalled", "loader = 'dali' but nvidia.dali is not installed here"
     policy = str(settings.get("numa_policy", "none"))
     if policy != "none":
-        if shutil.which("numactl") is None:
+        if not machine.numactl:
             return "NumactlNotInstalled", f"numa_policy = {policy!r} needs numactl on PATH"
         try:
             for local_rank in range(int(settings["gpus"])):
-                home = numa.home_node(topology, str(settings["device"]), local_rank)
-                numa.numactl_args(policy, topology, home)
+                home = numa.home_node(machine.topology, str(settings["device"]), local_rank,
+                                      machine.cuda_visible_devices)
+                numa.numactl_args(policy, machine.topology, home)
         except numa.PolicyNotApplicableError as exc:
             return "NumaPolicyNotApplicable", str(exc)
     return None
@@ -167,8 +188,8 @@ def llm_prepare(spec: Spec, data_dir: Path, echo: Callable[[str], None]) -> dict
     return used
 
 
-def llm_unrunnable(settings: Settings, trace: str, gpus_here: int, topology: numa.Topology) -> Reason:
-    if reason := _needs_gpus(settings, gpus_here):
+def llm_unrunnable(settings: Settings, trace: str, machine: Machine) -> Reason:
+    if reason := _needs_gpus(settings, machine, bf16=settings.get("dtype") == "bf16"):
         return reason
     if importlib.util.find_spec("torchtune") is None:
         return "TorchtuneNotInstalled", "torchtune is not installed here"

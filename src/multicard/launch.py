@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -18,8 +21,13 @@ from multicard import params
 from multicard.params import Value
 
 PR_SET_PDEATHSIG = 1
-# TF32 is set explicitly per precision; this NGC variable would force it on for cuBLAS regardless.
-DROPPED_ENV = ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",)
+# TF32 is set explicitly per precision. TORCH_ALLOW_TF32_CUBLAS_OVERRIDE (NGC images) forces it
+# on for cuBLAS whatever the flags say; NVIDIA_TF32_OVERRIDE=0 forces it off in the libraries
+# themselves, silently turning the tf32 arm into fp32. Both are cleared, and what the caller's
+# environment had is recorded (`cleared_env`).
+DROPPED_ENV = ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE")
+# how torchrun's agent appears in a rank's ancestry: `python -m torch.distributed.run`, `torchrun`
+AGENT_MARKERS = ("torch.distributed.run", "torchrun")
 
 
 def torchrun_argv(
@@ -70,6 +78,11 @@ def trial_env(base: Mapping[str, str], ranks_per_node: int, cpu_count: int) -> d
     return env
 
 
+def cleared_env(base: Mapping[str, str]) -> dict[str, str]:
+    """The DROPPED_ENV variables `base` sets, with their values (for the trial's record)."""
+    return {k: base[k] for k in DROPPED_ENV if k in base}
+
+
 def set_parent_death_signal(parent_pid: int, sig: int = signal.SIGKILL) -> None:
     """Ask Linux to kill this process when its parent `parent_pid` dies (no-op elsewhere).
 
@@ -82,6 +95,63 @@ def set_parent_death_signal(parent_pid: int, sig: int = signal.SIGKILL) -> None:
     libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os.kill(os.getpid(), sig)
+
+
+def find_agent(ancestors: Sequence[tuple[int, list[str]]]) -> int | None:
+    """The pid of torchrun's agent among a rank's ancestors (nearest first), from their argv."""
+    for pid, argv in ancestors:
+        names = [Path(a).name for a in argv[:3]]  # the program, or `python -m module`
+        if any(n in AGENT_MARKERS for n in names):
+            return pid
+    return None
+
+
+def ancestors(pid: int, limit: int = 8) -> list[tuple[int, list[str]]]:
+    """(pid, argv) of the parent of `pid`, its parent, ... (at most `limit`), from /proc."""
+    chain: list[tuple[int, list[str]]] = []
+    while len(chain) < limit:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except (OSError, IndexError, ValueError):
+            break
+        if pid <= 1:
+            break
+        chain.append((pid, [a for a in argv if a]))
+    return chain
+
+
+def die_with_agent() -> str:
+    """Make this rank die when torchrun's agent dies; returns how (recorded in result.json).
+
+    A runner killed with SIGKILL cannot clean up: its torchrun dies by its own parent-death
+    signal, and the ranks must follow. PR_SET_PDEATHSIG fires when the *thread* that forked us
+    exits, so it is armed only when torchrun's agent is the direct parent. With a wrapper in
+    between (nsys forks the rank from a helper thread that may exit at any time; numactl execs
+    and so does not count) a thread waits on a pidfd of the agent instead."""
+    agent = find_agent(ancestors(os.getpid()))
+    if agent is None:
+        return "none (no torchrun agent among the ancestors)"
+    if agent == os.getppid():
+        set_parent_death_signal(agent)
+        return "pdeathsig"
+    try:
+        handle = os.pidfd_open(agent)
+    except ProcessLookupError:  # the agent is gone already
+        os.kill(os.getpid(), signal.SIGKILL)
+    except OSError:  # a kernel without pidfd (< 5.3)
+        handle = None
+    threading.Thread(target=_kill_self_when_gone, args=(agent, handle), daemon=True).start()
+    return "agent watcher"
+
+
+def _kill_self_when_gone(pid: int, handle: int | None) -> None:
+    if handle is not None:
+        select.select([handle], [], [])  # a pidfd turns readable when its process exits
+    else:
+        while Path(f"/proc/{pid}").exists():
+            time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def rank_wrapper(numa_policy: str, device: str, inner: Sequence[str] = ()) -> list[str]:

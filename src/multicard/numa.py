@@ -11,7 +11,8 @@ Policies, applied per rank by starting it under numactl (`multicard.numa_bind`):
 - `local`: CPUs and memory of the rank's home node (its GPU's node; on a CPU-only run, node
   `local_rank mod nodes`). A home node without memory binds memory to the nearest node that has.
 - `remote`: deliberately another node (the farthest one with CPUs): the negative control.
-- `interleave`: pages spread over all nodes with memory, CPUs unbound.
+- `interleave`: pages spread over the nodes that have CPUs and memory (never memory-only nodes
+  such as CXL or HBM), CPUs unbound.
 DataLoader workers are forked from their rank and inherit its binding; the evidence shows it.
 """
 
@@ -25,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from multicard import devices
 from multicard.errors import InputError
 
 SYSFS_NODES = Path("/sys/devices/system/node")
@@ -43,9 +45,14 @@ class Node:
 
 @dataclass(frozen=True)
 class Gpu:
-    gpu: int
+    gpu: int  # NVML's and nvidia-smi's index (not CUDA's: see multicard.devices)
     numa_node: int | None
     cpus: list[int]
+    uuid: str | None = None  # live machines only; saved nvidia-smi output has neither
+    pci_bus_id: str | None = None
+
+    def identity(self) -> devices.GpuIdentity:
+        return devices.GpuIdentity(self.gpu, self.uuid, self.pci_bus_id)
 
 
 @dataclass(frozen=True)
@@ -212,29 +219,15 @@ def _sysfs_distances(root: Path = SYSFS_NODES) -> dict[int, dict[int, int]]:
 
 def nvml_gpus(pci_root: Path = SYSFS_PCI) -> list[Gpu]:
     """GPUs in NVML order with their PCI device's NUMA node and local CPUs (sysfs)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no driver: no GPUs
-        return []
     gpus = []
-    for index in range(pynvml.nvmlDeviceGetCount()):
-        bus = pynvml.nvmlDeviceGetPciInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).busId
-        bus = bus.decode() if isinstance(bus, bytes) else bus
-        device = pci_root / _sysfs_pci_address(bus)
+    for found in devices.nvml_gpus():
+        device = pci_root / (found.pci_bus_id or "")
         node = _read_int(device / "numa_node")
         cpus = parse_cpulist((device / "local_cpulist").read_text()) \
             if (device / "local_cpulist").exists() else []
-        gpus.append(Gpu(index, node if node is not None and node >= 0 else None, cpus))
-    pynvml.nvmlShutdown()
+        gpus.append(Gpu(found.index, node if node is not None and node >= 0 else None, cpus,
+                        found.uuid, found.pci_bus_id))
     return gpus
-
-
-def _sysfs_pci_address(nvml_bus_id: str) -> str:
-    """NVML's "00000000:1B:00.0" -> sysfs's "0000:1b:00.0"."""
-    domain, rest = nvml_bus_id.split(":", 1)
-    return f"{domain[-4:]}:{rest}".lower()
 
 
 def _read_int(path: Path) -> int | None:
@@ -259,13 +252,26 @@ def live(with_links: bool = True) -> Topology:
 
 # --- policies --------------------------------------------------------------------------------
 
-def home_node(topology: Topology, device: str, local_rank: int) -> int | None:
-    """The node a rank belongs to: its GPU's (CUDA, GPUs in PCI order), else spread over nodes."""
+def home_node(topology: Topology, device: str, local_rank: int,
+              cuda_visible_devices: str | None = None, gpu_uuid: str | None = None) -> int | None:
+    """The node a rank belongs to: its GPU's on CUDA, else the ranks spread over the nodes.
+
+    The rank's GPU is the one CUDA calls `local_rank` (CUDA_VISIBLE_DEVICES applied), or, inside
+    a rank that knows it, the GPU with `gpu_uuid`; never NVML device `local_rank`."""
     if device == "cuda":
-        gpu = topology.gpus[local_rank] if local_rank < len(topology.gpus) else None
+        gpu = _gpu_of_rank(topology, local_rank, cuda_visible_devices, gpu_uuid)
         return gpu.numa_node if gpu else None
     with_cpus = [n.node for n in _nodes(topology) if n.cpus]
     return with_cpus[local_rank % len(with_cpus)] if with_cpus else None
+
+
+def _gpu_of_rank(topology: Topology, local_rank: int, cuda_visible_devices: str | None,
+                 gpu_uuid: str | None) -> Gpu | None:
+    if gpu_uuid is not None:
+        return next((g for g in topology.gpus if g.uuid == gpu_uuid), None)
+    shown = devices.of_local_rank([g.identity() for g in topology.gpus], local_rank,
+                                  cuda_visible_devices)
+    return next((g for g in topology.gpus if shown and g.gpu == shown.index), None)
 
 
 def _nodes(topology: Topology) -> list[Node]:
@@ -294,10 +300,13 @@ def numactl_args(policy: str, topology: Topology, home: int | None) -> list[str]
     if policy == "none":
         return []
     if policy == "interleave":
-        if len(_with_memory(topology)) < 2:
-            raise PolicyNotApplicableError("interleave needs two or more NUMA nodes with memory; "
-                                           f"this machine has {len(_with_memory(topology))}")
-        return ["numactl", "--interleave=all"]
+        # Only nodes with CPUs and memory: `all` would also spread pages over memory-only nodes
+        # (CXL expanders, HBM, GPU memory exposed as a node), which no CPU of the node is near.
+        spread = [n.node for n in _nodes(topology) if n.cpus and n.node in _with_memory(topology)]
+        if len(spread) < 2:
+            raise PolicyNotApplicableError("interleave needs two or more NUMA nodes with CPUs and "
+                                           f"memory; this machine has {len(spread)}")
+        return ["numactl", f"--interleave={','.join(map(str, spread))}"]
     if home is None:
         raise PolicyNotApplicableError("the rank's NUMA node is unknown (no NUMA affinity for its GPU)")
     if policy == "local":
@@ -382,12 +391,14 @@ class PlacementProbe:
     keeps the training step from waiting on it. Only experiments that ask for evidence run it.
     """
 
-    def __init__(self, out_dir: Path, label: str, device: str, local_rank: int) -> None:
+    def __init__(self, out_dir: Path, label: str, device: str, local_rank: int,
+                 gpu_uuid: str | None = None) -> None:
         import os
         import threading
 
         topology = live(with_links=False)
-        self.home = home_node(topology, device, local_rank)
+        # the rank's GPU by the UUID its CUDA reports, which CUDA_VISIBLE_DEVICES cannot renumber
+        self.home = home_node(topology, device, local_rank, gpu_uuid=gpu_uuid)
         node = topology.node(self.home) if self.home is not None else None
         self.home_cpus = node.cpus if node else []
         self.out_dir, self.label, self.pid = out_dir, label, os.getpid()

@@ -66,6 +66,10 @@ VISION: dict[str, Param] = {
     "gpus": Param(int, 1, "ranks per node: GPUs on cuda, gloo processes on cpu", minimum=1),
     "nnodes": Param(int, 1, "nodes (torchrun --nnodes); >1 needs --rdzv-endpoint", minimum=1),
     "precision": Param(str, "fp32", "numeric policy, see precision.py", choices=tuple(PRECISIONS)),
+    "cast": Param(str, "device", "where a batch takes the precision's input dtype: device (float32 "
+                  "is copied, then cast) or host (the loader casts before the copy, as a user who "
+                  "calls .half() on the batch would: HtoD bytes follow the precision)",
+                  choices=("device", "host")),
     "image_size": Param(int, 224, "images are NxN (Scenario A: upsampled on the fly; B: files)",
                         minimum=28, maximum=1024),
     "scenario": Param(str, "a", "a: upsampling in the Dataset; b: prepared files (data prepare)",
@@ -148,6 +152,11 @@ def vision_conflicts(settings: Mapping[str, Value]) -> list[str]:
         problems.append("normalize = 'device' needs scenario = 'b' (Scenario A resizes in float)")
     if settings["persistent_workers"] and settings["num_workers"] == 0:
         problems.append("persistent_workers = true needs num_workers > 0")
+    if settings["cast"] == "host" and settings["loader"] == "dali":
+        problems.append("cast = 'host' casts the DataLoader's host batches; DALI makes its batches "
+                        "on the device: use cast = 'device'")
+    if settings["cast"] == "host" and settings["normalize"] == "device":
+        problems.append("cast = 'host' needs normalize = 'cpu' (device normalisation copies uint8)")
     if settings["page_cache"] != "as_is" and settings["scenario"] != "b":
         problems.append("page_cache = 'warm'/'cold' acts on files: it needs scenario = 'b'")
     return problems
@@ -170,10 +179,14 @@ VISION_METRICS: tuple[str, ...] = (
     "step_time_median_s",
     "throughput_samples_s",
     "data_wait_fraction",
+    "data_wait_s",
+    "h2d_wait_fraction",
+    "h2d_wait_s",
     "first_batch_latency_s",
     "h2d_time_s",
     "test_accuracy",
     "peak_mem_bytes",
+    "nvml_process_mem_bytes",
     "gpu_util_mean",
     "train_loss",
     "local_page_fraction",

@@ -38,6 +38,12 @@ PRECISIONS: dict[str, PrecisionPolicy] = {
 }
 
 
+def input_dtype(policy: PrecisionPolicy) -> str:
+    """The dtype the model's first layer computes in: autocast's, else the parameters'. With
+    `cast = "host"` the loader makes batches of this dtype before the copy."""
+    return policy.autocast_dtype or policy.param_dtype
+
+
 def torch_dtype(name: str) -> torch.dtype:
     import torch
 

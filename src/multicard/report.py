@@ -53,9 +53,13 @@ METRIC_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "epoch_time_s": ("epoch time (s)", _fmt_num),
     "step_time_median_s": ("median step (s)", _fmt_num),
     "throughput_samples_s": ("throughput (img/s)", _fmt_num),
-    "data_wait_fraction": ("data wait (%)", _fmt_pct),
+    "data_wait_fraction": ("data wait, loader next() (%)", _fmt_pct),
+    "data_wait_s": ("data wait, loader next() (s)", _fmt_num),
+    "h2d_wait_fraction": ("copy wait, host in H2D copy (%)", _fmt_pct),
+    "h2d_wait_s": ("copy wait, host in H2D copy (s)", _fmt_num),
     "first_batch_latency_s": ("pre-epoch pause (s)", _fmt_num),
-    "h2d_time_s": ("H2D copy (s)", _fmt_num),
+    "h2d_time_s": ("H2D copy on device (s)", _fmt_num),
+    "nvml_process_mem_bytes": ("rank GPU mem., NVML (GiB)", _fmt_gib),
     "test_accuracy": ("test acc. (%)", _fmt_pct),
     "peak_mem_bytes": ("peak mem. (GiB)", _fmt_gib),
     "gpu_util_mean": ("GPU util. (%)", _fmt_pct),
@@ -256,15 +260,18 @@ def _draw_panel(ax: Any, spec: Spec, table: pd.DataFrame, trials: pd.DataFrame) 
 
 
 def plot_breakdown(spec: Spec, table: pd.DataFrame, target: Path) -> bool:
-    """Per config, mean training time split into waiting for data and everything else."""
+    """Per config, mean training time split into waiting for the loader, waiting in the copy and
+    everything else."""
     if not spec.breakdown:
         return False
     plt = _pyplot()
     labels = [" ".join(f"{row[k]}" for k in spec.grid) for _, row in table.iterrows()]
     compute, wait = table["breakdown.compute_s"].fillna(0), table["breakdown.data_wait_s"].fillna(0)
+    copy = table["breakdown.h2d_wait_s"].fillna(0)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(labels)), 4.2))
     ax.bar(labels, compute, label="compute (and the rest)")
-    ax.bar(labels, wait, bottom=compute, label="waiting for data")
+    ax.bar(labels, copy, bottom=compute, label="blocked in the host-to-device copy")
+    ax.bar(labels, wait, bottom=compute + copy, label="waiting for the loader (next())")
     ax.set_ylabel("train time (s), mean over trials")
     ax.set_xlabel(" / ".join(spec.grid))
     ax.tick_params(axis="x", labelrotation=90, labelsize=7)
@@ -388,6 +395,16 @@ def _rel(path: Path, out: Path) -> str:
         return str(path)
 
 
+VISION_TIMING_NOTE = (
+    "What the times contain: an epoch runs from the loader's start through its last step (device "
+    "synchronised) and the loader's shutdown; every loader makes its first batch inside the timed "
+    "epoch (DALI's iterator does not prepare one at construction), so the pre-epoch pause of epoch "
+    "0 holds the DataLoader's worker start-up and DALI's first pipeline run alike. \"data wait\" is "
+    "the host blocked in the loader's next() alone; \"copy wait\" the host blocked in the "
+    "host-to-device copy (a pageable copy waits for the queued GPU work); \"H2D copy on device\" "
+    "the copies' own duration (CUDA events).")
+
+
 def _experiment_section(run: RunData, name: str, out: Path) -> str:
     spec = run.spec
     trials = summarize.trial_table(spec, run.records)
@@ -413,6 +430,8 @@ def _experiment_section(run: RunData, name: str, out: Path) -> str:
         markdown,
         f"Raw per-trial values: `tables/{name}_trials.csv`; all statistics: `tables/{name}.csv`.",
     ]
+    if spec.workload == "vision":
+        lines += ["", VISION_TIMING_NOTE]
     lines += _trace_sections(spec, run.records, name, tables)
     if "numa_policy" in spec.grid:
         lines += ["", numa_section(spec, trials)]
@@ -422,7 +441,7 @@ def _experiment_section(run: RunData, name: str, out: Path) -> str:
     if has_figure:
         lines += ["", f"![{spec.title}](figures/{name}.png)"]
     if has_breakdown:
-        lines += ["", f"![compute vs data wait](figures/{name}_breakdown.png)"]
+        lines += ["", f"![compute vs copy wait vs data wait](figures/{name}_breakdown.png)"]
     if len(failed):
         lines += ["", "Failures:", ""]
         lines += [f"- `{r.config_id}` trial {r.trial}: **{r.status}** {r.error_type or ''}: "

@@ -26,7 +26,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from multicard import artifact, cost, kinds, launch, numa, store, telemetry
+from multicard import artifact, cost, devices, kinds, launch, store, telemetry
 from multicard import spec as specmod
 from multicard.data import mnist
 from multicard.errors import InputError
@@ -142,11 +142,10 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
          f"estimated {format_duration(sum(estimates))}")
     ok = failed = skipped = 0
     walls: list[float] = []
-    gpus_here = _check_devices(spec, todo)
-    topology = numa.live(with_links=False)
+    machine = kinds.this_machine(_check_devices(spec, todo))
     for index, planned_trial in enumerate(todo):
         reason = kinds.KINDS[spec.workload].unrunnable(planned_trial.params, planned_trial.trace,
-                                                       gpus_here, topology)
+                                                       machine)
         if reason:
             record = skipped_record(spec, planned_trial, *reason)
         else:
@@ -166,15 +165,15 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
     return RunOutcome(out, len(todo), ok, failed, skipped, len(planned) - len(todo))
 
 
-def _check_devices(spec: Spec, todo: list[PlannedTrial]) -> int:
-    """Visible GPUs; bad input when the plan needs CUDA and there is none at all."""
+def _check_devices(spec: Spec, todo: list[PlannedTrial]) -> list[devices.GpuIdentity]:
+    """The GPUs a trial's CUDA will see; bad input when the plan needs CUDA and there is none."""
     if not any(p.params["device"] == "cuda" for p in todo):
-        return 0
-    count = telemetry.visible_gpu_count()
-    if count == 0:
+        return []
+    found = telemetry.visible_gpus()
+    if not found:
         raise InputError(f"{spec.path}: device = 'cuda' but no GPU is visible here "
                          "(the smoke profile runs on CPU: --profile smoke)")
-    return count
+    return found
 
 
 def skipped_record(spec: Spec, planned: PlannedTrial, kind: str, message: str) -> dict[str, Any]:
@@ -227,13 +226,17 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
     env = launch.trial_env({**os.environ, **extra_env}, int(settings["gpus"]), os.cpu_count() or 1)
     changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
     dropped = [k for k in os.environ if k not in env]
+    cleared = launch.cleared_env(os.environ)  # TF32 overrides: their values, for the record
     (trial_dir / "launch.json").write_text(json.dumps(
-        {"argv": argv, "env_set": changed, "env_dropped": dropped, "cwd": str(Path.cwd())}, indent=1))
+        {"argv": argv, "env_set": changed, "env_dropped": dropped, "cleared_env": cleared,
+         "cwd": str(Path.cwd())}, indent=1))
     kind.before(settings, data_dir)  # outside the trial's clock
     started, started_unix = utc_now(), time.time()
     t0 = time.monotonic()
+    trial_gpus = telemetry.visible_gpus()[:int(settings["gpus"])] \
+        if settings["device"] == "cuda" else []
     returncode, timed_out, sampled = _execute(argv, env, trial_dir, spec.timeout_s,
-                                              kind.sample_memory, settings["device"] == "cuda")
+                                              kind.sample_memory, trial_gpus)
     wall = time.monotonic() - t0
     stderr_text = _tail(trial_dir / "stderr.log")
     result = kind.result(trial_dir, settings)
@@ -255,6 +258,9 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
         "started_unix": round(started_unix, 3),
         "wall_s": round(wall, 3),
         "metrics": {**result["metrics"], **sampled} if result and status == "ok" else {},
+        # metric -> why it is null (never 0 for "not measured")
+        "unmeasured": result.get("unmeasured", {}) if result and status == "ok" else {},
+        "cleared_env": cleared,
         "trace_metrics": traces,
         # LLM trials on random weights: time and memory are valid, the loss means nothing
         **({"random_weights": True} if result and result.get("random_weights") else {}),
@@ -264,11 +270,21 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
     }
 
 
+# Where traces land in a trial directory: nsys's SQLite export per rank, multicard's own Kineto
+# trace per rank, and torchtune's profiler output (profiling/iteration_<N>/<worker>.pt.trace.json.gz)
+TRACE_PATTERNS = ("rank*.sqlite", "trace-rank*.json.gz", "*.pt.trace.json.gz", "*.pt.trace.json")
+
+
+def trace_files(trial_dir: Path) -> list[Path]:
+    """Every trace under the trial directory, at any depth, sorted."""
+    return sorted({p for pattern in TRACE_PATTERNS for p in trial_dir.rglob(pattern) if p.is_file()})
+
+
 def collect_traces(trial_dir: Path, out: Path) -> dict[str, dict[str, Any]]:
     """Summarise every rank's trace (keyed by its path in the run), then compress SQLite exports;
     nsys reports (.nsys-rep) are compressed already, Kineto traces are written gzipped."""
     summaries = {}
-    for path in sorted([*trial_dir.glob("rank*.sqlite"), *trial_dir.glob("trace-rank*.json.gz")]):
+    for path in trace_files(trial_dir):
         try:
             summary = parse.summarize(path)
         except InputError as exc:  # a trace cut short by a failed trial: keep it, say why
@@ -284,19 +300,21 @@ def collect_traces(trial_dir: Path, out: Path) -> dict[str, dict[str, Any]]:
 
 
 def _execute(argv: list[str], env: dict[str, str], trial_dir: Path, timeout_s: float,
-             sample_memory: bool, cuda: bool) -> tuple[int | None, bool, dict[str, Any]]:
+             sample_memory: bool, gpus: list[devices.GpuIdentity]
+             ) -> tuple[int | None, bool, dict[str, Any]]:
     """Run argv in its own session; on timeout kill the whole process group.
 
     Returns (exit status, timed out, memory metrics sampled from outside when asked)."""
     runner_pid = os.getpid()
+    # before the launch: the memory others hold on the trial's GPUs is read here
+    sampler = telemetry.TrialMemorySampler(gpus) if sample_memory else None
     with (trial_dir / "stdout.log").open("wb") as stdout, (trial_dir / "stderr.log").open("wb") as stderr:
         proc = subprocess.Popen(
             argv, stdout=stdout, stderr=stderr, env=env, start_new_session=True,
             preexec_fn=lambda: launch.set_parent_death_signal(runner_pid),
         )
-        sampler = telemetry.TrialMemorySampler(proc.pid, cuda) if sample_memory else None
         try:
-            with sampler or contextlib.nullcontext():
+            with sampler.watch(proc.pid) if sampler else contextlib.nullcontext():
                 return proc.wait(timeout=timeout_s), False, sampler.metrics() if sampler else {}
         except subprocess.TimeoutExpired:
             kill_group(proc)

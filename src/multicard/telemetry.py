@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import threading
 from types import TracebackType
+from typing import Any
+
+from multicard import devices
 
 
 class GpuUtilSampler:
@@ -50,38 +53,92 @@ class GpuUtilSampler:
         return sum(self.samples) / len(self.samples) / 100.0 if self.samples else None
 
 
+def visible_gpus() -> list[devices.GpuIdentity]:
+    """The GPUs a trial's CUDA will see (CUDA_VISIBLE_DEVICES applied); [] without a driver."""
+    return devices.from_environment()
+
+
 def visible_gpu_count() -> int:
-    """GPUs this process may use: NVML's count, narrowed by CUDA_VISIBLE_DEVICES; 0 without a driver."""
+    return len(visible_gpus())
+
+
+Processes = list[tuple[int, int | None]]  # (pid, device bytes NVML charges it; None: not reported)
+
+
+def trial_device_bytes(processes: Processes, trial_pids: set[int], used_now: int,
+                       used_before: int) -> tuple[int, str]:
+    """Device memory of one trial at one instant, and how it was counted.
+
+    `per-process`: what NVML charges the trial's own processes, so other users of the same GPUs
+    are not counted. Where NVML names none of them, or gives no per-process numbers (inside a
+    container NVML reports host PIDs, which the container's PID namespace does not show), the
+    growth of the GPUs' used memory over what was in use before the launch: `device-delta`.
+    """
+    mine = [used for pid, used in processes if pid in trial_pids]
+    if mine and all(used is not None for used in mine):
+        return sum(used for used in mine if used is not None), "per-process"
+    return max(0, used_now - used_before), "device-delta"
+
+
+def own_device_bytes(processes: Processes, pid: int) -> tuple[int | None, str | None]:
+    """(bytes NVML charges process `pid`, None) or (None, why it cannot be read)."""
+    mine = [used for p, used in processes if p == pid]
+    if not mine:
+        return None, ("NVML lists no process with this PID on the GPU (a container's PID namespace "
+                      "hides the host PIDs that NVML reports)")
+    if any(used is None for used in mine):
+        return None, "NVML does not report per-process memory on this system"
+    return sum(used for used in mine if used is not None), None
+
+
+def _nvml_processes(pynvml: Any, handle: Any) -> Processes:
+    return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory))
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+
+
+def rank_device_bytes(gpu: devices.GpuIdentity) -> tuple[int | None, str | None]:
+    """What NVML charges this process on `gpu` now: CUDA context, the caching allocator's
+    reserve, DALI's and NCCL's pools (torch's allocator counters see only its own tensors)."""
     import os
 
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        count = int(pynvml.nvmlDeviceGetCount())
+    except Exception as exc:  # no driver or library
+        return None, f"NVML unavailable: {exc}"
+    try:
+        return own_device_bytes(_nvml_processes(pynvml, devices.nvml_handle(pynvml, gpu)), os.getpid())
+    except pynvml.NVMLError as exc:
+        return None, f"NVML: {exc}"
+    finally:
         pynvml.nvmlShutdown()
-    except Exception:  # no driver or no library: no usable GPU
-        return 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return count
-    return min(count, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
 
 
 class TrialMemorySampler:
     """Peak memory of a running trial, sampled from outside every `period_s`.
 
     `peak_process_mem_bytes`: the summed resident set of every process in the trial's process
-    group (/proc). `peak_device_mem_bytes`: GPU memory in use on the visible GPUs (NVML), which
-    includes what the framework does not see (CUDA contexts, NCCL buffers).
+    group (/proc). `peak_device_mem_bytes`: device memory of the trial on the trial's GPUs (the
+    first `gpus` that CUDA shows it), counted as `trial_device_bytes` says; includes what the
+    framework does not see (CUDA contexts, NCCL buffers). `peak_device_mem_source` says how.
+    Build it before the launch: that is when the GPUs' memory in use by others is read.
     """
 
-    def __init__(self, pgid: int, gpus: bool, period_s: float = 0.25) -> None:
-        self.pgid, self.gpus, self.period_s = pgid, gpus, period_s
+    def __init__(self, gpus: list[devices.GpuIdentity], period_s: float = 0.25) -> None:
+        self.gpus, self.period_s = gpus, period_s
+        self.pgid = 0
         self.peak_rss = 0
-        self.peak_device: int | None = None
+        self.peaks: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._nvml: Any = _nvml_or_none() if gpus else None
+        self._handles = [devices.nvml_handle(self._nvml, g) for g in gpus] if self._nvml else []
+        self.used_before = self._sample()[1]
+
+    def watch(self, pgid: int) -> TrialMemorySampler:
+        self.pgid = pgid
+        return self
 
     def __enter__(self) -> TrialMemorySampler:
         self._thread.start()
@@ -90,51 +147,63 @@ class TrialMemorySampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        if self._nvml:
+            self._nvml.nvmlShutdown()
+
+    def _sample(self) -> tuple[Processes, int]:
+        processes: Processes = []
+        used = 0
+        for handle in self._handles:
+            used += int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used)
+            processes += _nvml_processes(self._nvml, handle)
+        return processes, used
 
     def _run(self) -> None:
-        handles = _nvml_visible_handles() if self.gpus else []
         while not self._stop.wait(self.period_s):
-            self.peak_rss = max(self.peak_rss, group_rss_bytes(self.pgid))
-            if handles:
-                import pynvml
+            group = group_processes(self.pgid)
+            self.peak_rss = max(self.peak_rss, sum(group.values()))
+            if self._handles:
+                processes, used = self._sample()
+                value, source = trial_device_bytes(processes, set(group), used, self.used_before)
+                self.peaks[source] = max(self.peaks.get(source, 0), value)
 
-                used = sum(int(pynvml.nvmlDeviceGetMemoryInfo(h).used) for h in handles)
-                self.peak_device = max(self.peak_device or 0, used)
-
-    def metrics(self) -> dict[str, int | None]:
+    def metrics(self) -> dict[str, int | str | None]:
+        source = "per-process" if "per-process" in self.peaks else \
+            "device-delta" if self.peaks else None
         return {"peak_process_mem_bytes": self.peak_rss or None,
-                "peak_device_mem_bytes": self.peak_device}
+                "peak_device_mem_bytes": self.peaks[source] if source else None,
+                "peak_device_mem_source": source}
 
 
-def group_rss_bytes(pgid: int) -> int:
-    """Summed RSS of the processes whose process group is `pgid`."""
+def _nvml_or_none() -> Any:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # no driver
+        return None
+
+
+def group_processes(pgid: int) -> dict[int, int]:
+    """pid -> RSS bytes of the processes whose process group is `pgid`."""
     import os
     from pathlib import Path
 
     page = os.sysconf("SC_PAGE_SIZE")
-    total = 0
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             if int(fields[2]) == pgid:  # fields after the name: state, ppid, pgrp, ...
-                total += int((entry / "statm").read_text().split()[1]) * page
+                found[int(entry.name)] = int((entry / "statm").read_text().split()[1]) * page
         except (OSError, IndexError, ValueError):
             continue
-    return total
+    return found
 
 
-def _nvml_visible_handles() -> list[object]:
-    import os
-
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        count = int(pynvml.nvmlDeviceGetCount())
-    except Exception:  # no driver
-        return []
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    indices = [int(v) for v in visible.split(",") if v.strip().isdigit()] if visible else range(count)
-    return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices if i < count]
+def group_rss_bytes(pgid: int) -> int:
+    """Summed RSS of the processes whose process group is `pgid`."""
+    return sum(group_processes(pgid).values())

@@ -1,40 +1,119 @@
-"""Loaders on a real GPU: pinned host batches, timed copies, device-resident outputs."""
+"""Loaders on a real GPU: pinned host batches, timed copies, DALI's GPU decoder and shards."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 
 from multicard.loaders import LOADERS
-from tests.unit.loaders.test_loaders import config, tree  # noqa: F401  (fixture)
+from tests.unit.loaders.test_loaders import N, config, tree  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.gpu
+needs_dali = pytest.mark.skipif(importlib.util.find_spec("nvidia.dali") is None,
+                                reason="nvidia.dali is not installed")
+CUDA0 = torch.device("cuda", 0)
 
 
 def test_pin_memory_batches_are_pinned_and_copies_are_timed(tree: Path) -> None:  # noqa: F811
-    cfg = dataclasses.replace(config(tree), device=torch.device("cuda", 0), pin_memory=True,
-                              num_workers=2)
+    cfg = dataclasses.replace(config(tree), device=CUDA0, pin_memory=True, num_workers=2)
     loader = LOADERS["torch"](cfg)
     host_images, _, _ = next(iter(loader.loader))  # type: ignore[attr-defined]
     assert host_images.is_pinned()
-    batches = list(loader.epoch(0))
+    batches = [loader.to_device(b) for b in loader.epoch(0)]
     torch.cuda.synchronize()
-    assert all(b[0].is_cuda for b in batches)
+    assert all(b[0].is_cuda and b[1].is_cuda for b in batches)
     assert loader.h2d_seconds() > 0
 
 
+def test_copy_events_are_reused_across_epochs(tree: Path) -> None:  # noqa: F811
+    loader = LOADERS["torch"](dataclasses.replace(config(tree), device=CUDA0))
+    events = list(loader.copies.events)  # type: ignore[attr-defined]
+    for epoch in range(2):
+        for batch in loader.epoch(epoch):
+            loader.to_device(batch)
+        torch.cuda.synchronize()
+        assert loader.h2d_seconds() > 0
+    assert loader.copies.events == events  # type: ignore[attr-defined]
+
+
 def test_unpinned_batches_are_pageable(tree: Path) -> None:  # noqa: F811
-    cfg = dataclasses.replace(config(tree), device=torch.device("cuda", 0), num_workers=1)
+    cfg = dataclasses.replace(config(tree), device=CUDA0, num_workers=1)
     loader = LOADERS["torch"](cfg)
     host_images, _, _ = next(iter(loader.loader))  # type: ignore[attr-defined]
     assert not host_images.is_pinned()
 
 
 def test_nhwc_survives_pinning_and_the_copy(tree: Path) -> None:  # noqa: F811
-    cfg = dataclasses.replace(config(tree), device=torch.device("cuda", 0), pin_memory=True,
-                              layout="nhwc", num_workers=1)
-    images, _, _ = next(LOADERS["torch"](cfg).epoch(0))
+    cfg = dataclasses.replace(config(tree), device=CUDA0, pin_memory=True, layout="nhwc",
+                              num_workers=1)
+    loader = LOADERS["torch"](cfg)
+    images, _, _ = loader.to_device(next(loader.epoch(0)))
     assert images.is_cuda and images.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_host_cast_halves_the_bytes_of_the_copy(tree: Path) -> None:  # noqa: F811
+    sizes = {}
+    for dtype in ("float32", "float16"):
+        loader = LOADERS["torch"](dataclasses.replace(config(tree), device=CUDA0, host_dtype=dtype))
+        host, _, _ = next(loader.epoch(0))
+        images, _, _ = loader.to_device((host, torch.zeros(16, dtype=torch.int64), torch.arange(16)))
+        assert images.dtype == getattr(torch, dtype) and images.is_cuda
+        sizes[dtype] = host.numel() * host.element_size()
+    assert sizes["float16"] * 2 == sizes["float32"]
+
+
+@needs_dali
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_dali_decodes_on_the_gpu_in_the_asked_layout(tree: Path, layout: str) -> None:  # noqa: F811
+    loader = LOADERS["dali"](dataclasses.replace(config(tree), device=CUDA0, layout=layout))
+    batches = [loader.to_device(b) for b in loader.epoch(0)]
+    images, labels, _ = batches[0]
+    assert images.is_cuda and labels.is_cuda and images.dtype == torch.float32
+    assert images.shape == (16, 3, 32, 32)
+    if layout == "nhwc":  # DALI wrote HWC: an NCHW view with channels_last strides
+        assert images.is_contiguous(memory_format=torch.channels_last)
+    else:
+        assert images.is_contiguous()
+
+
+@needs_dali
+def test_dali_gpu_and_the_dataloader_decode_the_same_pixels(tree: Path) -> None:  # noqa: F811
+    by_index = {}
+    torch_loader = LOADERS["torch"](dataclasses.replace(config(tree), device=CUDA0))
+    for batch in torch_loader.epoch(0):
+        images, labels, indices = torch_loader.to_device(batch)
+        by_index |= {int(i): (x, int(y)) for x, y, i in zip(images, labels, indices, strict=True)}
+    dali = LOADERS["dali"](dataclasses.replace(config(tree), device=CUDA0))
+    for images, labels, indices in dali.epoch(0):
+        for x, y, i in zip(images, labels, indices, strict=True):
+            expected, label = by_index[int(i)]
+            assert int(y) == label
+            # nvJPEG and libjpeg-turbo may round differently: a few 8-bit steps at most
+            assert torch.allclose(x, expected, atol=3 / 255 / 0.3081 + 1e-6)
+
+
+@needs_dali
+@pytest.mark.parametrize("world", [2, 3])
+def test_dali_gpu_shards_are_equal_and_disjoint(tree: Path, world: int) -> None:  # noqa: F811
+    seen: Counter[int] = Counter()
+    for rank in range(world):
+        loader = LOADERS["dali"](dataclasses.replace(config(tree, world=world, rank=rank,
+                                                            batch_size=10), device=CUDA0))
+        batches = list(loader.epoch(0))
+        assert all(len(labels) > 0 for _, labels, _ in batches)
+        assert sum(len(labels) for _, labels, _ in batches) == (N - N % world) // world
+        for _, _, indices in batches:
+            seen.update(indices.tolist())
+    assert seen == Counter(range(N - N % world))
+
+
+@needs_dali
+def test_dali_makes_its_first_gpu_batch_at_the_first_next(tree: Path) -> None:  # noqa: F811
+    loader = LOADERS["dali"](dataclasses.replace(config(tree), device=CUDA0))
+    assert loader.iterator._first_batch is None  # type: ignore[attr-defined]
+    assert len(list(loader.epoch(0))) == loader.steps_per_epoch

@@ -1,26 +1,82 @@
-"""The vision workload on a real GPU: nccl, CUDA-event timings, pinned copies, NVML utilisation."""
+"""The vision workload on a real GPU: nccl, CUDA-event timings, pinned copies, NVML, precisions."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from multicard import runner, spec, store
 from tests.helpers import DATA, write_spec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+SMALL = {"device": "cuda", "image_size": 64, "epochs": 2, "max_steps": 20, "batch_size": 32,
+         "num_workers": 2, "train_subset": 4096, "test_subset": 512}
 
 
-def test_one_gpu_trial_measures_copies_utilisation_and_keeps_tf32_off(tmp_path: Path) -> None:
-    fixed = {"device": "cuda", "image_size": 64, "epochs": 2, "max_steps": 20, "batch_size": 32,
-             "num_workers": 2, "pin_memory": True, "train_subset": 4096, "test_subset": 512}
-    path = write_spec(tmp_path, fixed=fixed, grid={"precision": ["fp32", "fp16"]})
+def run_grid(tmp_path: Path, grid: dict[str, list[Any]], **fixed: Any) -> list[dict[str, Any]]:
+    path = write_spec(tmp_path, fixed={**SMALL, **fixed}, grid=grid,
+                      trials={"count": 1, "timeout_s": 900})
     outcome = runner.run(spec.load(path), tmp_path / "run", data_dir=DATA, echo=lambda _: None)
-    assert outcome.ok == 2
-    for record in store.read(tmp_path / "run" / "trials.jsonl"):
+    records = store.read(tmp_path / "run" / "trials.jsonl")
+    assert outcome.failed == 0, [r["error"] for r in records if r["error"]]
+    return records
+
+
+def result_of(tmp_path: Path, record: dict[str, Any]) -> dict[str, Any]:
+    trial = tmp_path / "run" / f"raw/{record['config_id']}-t0-a0"
+    return json.loads((trial / "result.json").read_text())
+
+
+def test_one_gpu_trial_measures_copies_waits_utilisation_and_memory(tmp_path: Path) -> None:
+    for record in run_grid(tmp_path, {"pin_memory": [False, True]}):
         m = record["metrics"]
         assert m["h2d_time_s"] > 0
         assert 0 < m["gpu_util_mean"] <= 1
-        assert m["peak_mem_bytes"] > 0
+        assert 0 < m["data_wait_fraction"] + m["h2d_wait_fraction"] < 1
+        # NVML's charge to the process holds the CUDA context and the allocator's reserve
+        assert m["nvml_process_mem_bytes"] > m["peak_mem_bytes"] > 0
         assert sum(m["epoch_time_s"]) == pytest.approx(m["train_time_s"], rel=0.05, abs=0.05)
+        # the CUDA-event step times (device timeline) and the host clock agree over the same spans
+        rank = result_of(tmp_path, record)["ranks"][0]
+        assert sum(rank["step_times_s"]) == pytest.approx(sum(rank["step_span_host_s"]), rel=0.05)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_tf32_flags_are_read_back_as_set(tmp_path: Path, precision: str) -> None:
+    [record] = run_grid(tmp_path, {"precision": [precision]})
+    flags = result_of(tmp_path, record)["tf32_flags"]
+    expected = precision == "tf32"
+    assert (flags["cuda_matmul_allow_tf32"], flags["cudnn_allow_tf32"]) == (expected, expected)
+    assert set(flags["env"].values()) == {None}
+
+
+def test_fp64_bf16_and_nhwc_train(tmp_path: Path) -> None:
+    if not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    records = run_grid(tmp_path, {"precision": ["fp64", "bf16"], "layout": ["nchw", "nhwc"]},
+                       cast="host")
+    assert len(records) == 4 and all(r["status"] == "ok" for r in records)
+    for record in records:
+        result = result_of(tmp_path, record)
+        expected = {"fp64": "float64", "bf16": "bfloat16"}[record["config"]["precision"]]
+        assert result["host_dtype"] == expected
+        assert record["metrics"]["train_loss"] == record["metrics"]["train_loss"]  # not NaN
+
+
+def test_cudnn_benchmark_never_meets_a_new_shape_inside_the_clock(tmp_path: Path) -> None:
+    [record] = run_grid(tmp_path, {"cudnn_benchmark": [True]}, max_steps=0, train_subset=1000)
+    rank = result_of(tmp_path, record)["ranks"][0]
+    assert rank["batch_sizes_timed"] == rank["batch_sizes_warmed"] == [8, 32]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_gpus_over_nccl(tmp_path: Path) -> None:
+    [record] = run_grid(tmp_path, {"gpus": [2]})
+    result = result_of(tmp_path, record)
+    assert result["world_size"] == 2
+    assert len({r["gpu_uuid"] for r in result["ranks"]}) == 2  # two different GPUs
+    assert record["metrics"]["throughput_samples_s"] > 0

@@ -37,3 +37,20 @@ def test_lora_recipe_run_is_parsed_from_its_own_metric_log(tmp_path: Path) -> No
     stderr = (trial / "stderr.log").read_text()
     assert "multicard: StatefulDataLoader pin_memory=True (MULTICARD_PIN_MEMORY)" in stderr
     assert (data / "llm" / "weights" / "random-tiny-seed0" / "consolidated.00.pth").exists()
+
+
+def test_a_traced_llm_trial_has_its_torchtune_traces_parsed(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "mnist").symlink_to(DATA / "mnist", target_is_directory=True)
+    fixed = {**TINY, "max_steps": 7}  # torchtune's profiler: 2 waiting, 1 warm-up, 3 active steps
+    path = write_spec(tmp_path, fixed=fixed, grid={"method": ["lora"]}, experiment_workload="llm",
+                      trials={"count": 1, "trace": "torch", "timeout_s": 600})
+    outcome = runner.run(spec.load(path), tmp_path / "run", data_dir=data, echo=lambda _: None)
+    assert outcome.ok == 2  # the timing trial and the traced one
+    traced = [r for r in store.read(tmp_path / "run" / "trials.jsonl") if r["trace"] == "torch"]
+    [(name, summary)] = traced[0]["trace_metrics"].items()
+    # torchtune writes profiling/iteration_<N>/<worker>.pt.trace.json.gz, below the trial's top level
+    assert "/profiling/iteration_" in name and name.endswith(".pt.trace.json.gz")
+    assert summary["format"] == "kineto-json" and "error" not in summary
+    assert (tmp_path / "run" / name).exists()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,7 +12,7 @@ import pytest
 from multicard import report, runner, spec, store
 from multicard.errors import InputError
 from multicard.profiling import nsys
-from tests.helpers import DATA, write_spec
+from tests.helpers import DATA, ROOT, TINY_FIXED, write_spec
 
 pytestmark = pytest.mark.slow
 
@@ -48,3 +51,30 @@ def test_nsys_without_nsys_is_refused_or_falls_back(tmp_path: Path) -> None:
     runner.run(spec.load(fallback), tmp_path / "b", data_dir=DATA, echo=messages.append)
     assert any("tracing with the PyTorch profiler instead" in m for m in messages)
     assert {r["trace"] for r in store.read(tmp_path / "b" / "trials.jsonl")} == {"none", "torch"}
+
+
+def test_a_rank_under_a_wrapper_outlives_the_thread_that_forked_it(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stand-in `nsys` on PATH forks the rank from a helper thread that exits mid-training, as
+    # Nsight Systems may; a parent-death signal armed against that thread would kill the rank.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    standin = bin_dir / "nsys"
+    source = (ROOT / "tests" / "fixtures" / "wrappers" / "standin_nsys.py").read_text()
+    standin.write_text(f"#!{sys.executable}\n{source}")
+    standin.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    fixed = {**TINY_FIXED, "epochs": 4, "max_steps": 30}  # training outlasts the helper thread
+    path = write_spec(tmp_path, fixed=fixed, grid={"gpus": [1], "precision": ["fp32"]},
+                      trials={"count": 1, "trace": "nsys", "timeout_s": 300})
+    runner.run(spec.load(path), tmp_path / "run", data_dir=DATA, echo=lambda _: None)
+    records = {r["trace"]: r for r in store.read(tmp_path / "run" / "trials.jsonl")}
+    traced = records["nsys"]
+    assert traced["status"] == "ok", traced["error"]
+    argv = json.loads((tmp_path / "run" / traced["artifacts"][0].rsplit("/", 1)[0] /
+                       "launch.json").read_text())["argv"]
+    assert str(standin) in argv  # the rank really ran under the wrapper
+    result = json.loads((tmp_path / "run" / f"raw/{traced['config_id']}-t0-nsys-a0/result.json")
+                        .read_text())
+    assert result["ranks"][0]["parent_death"] == "agent watcher"
+    assert records["none"]["status"] == "ok"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from multicard import runner, spec, store
-from tests.helpers import DATA, write_spec
+from tests.helpers import DATA, TINY_FIXED, write_spec
 
 pytestmark = pytest.mark.slow
 
@@ -16,8 +17,14 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("vision")
-    path = write_spec(directory, grid={"precision": ["fp32"], "gpus": [2]})
-    outcome = runner.run(spec.load(path), directory / "run", data_dir=DATA, echo=lambda _: None)
+    # 40 images over 2 ranks in batches of 8... per rank 20: 8, 8 and a short last batch of 4
+    fixed = {**TINY_FIXED, "max_steps": 0, "train_subset": 41}
+    path = write_spec(directory, fixed=fixed, grid={"precision": ["fp32"], "gpus": [2]})
+    os.environ["NVIDIA_TF32_OVERRIDE"] = "0"  # what a careless environment may carry
+    try:
+        outcome = runner.run(spec.load(path), directory / "run", data_dir=DATA, echo=lambda _: None)
+    finally:
+        del os.environ["NVIDIA_TF32_OVERRIDE"]
     assert (outcome.ok, outcome.failed) == (1, 0)
     return directory / "run"
 
@@ -37,15 +44,21 @@ def test_metrics_are_plausible(finished_run: Path) -> None:
     [record] = store.read(finished_run / "trials.jsonl")
     m = record["metrics"]
     assert m["throughput_samples_s"] > 0
-    # 2 ranks x 3 steps x 8 images x 2 epochs were trained in train_time_s
-    assert m["throughput_samples_s"] * m["train_time_s"] == pytest.approx(96)
+    # 2 ranks x 20 images x 2 epochs were trained in train_time_s (41 trimmed to 40)
+    assert m["throughput_samples_s"] * m["train_time_s"] == pytest.approx(80)
     assert 0.0 <= m["test_accuracy"] <= 1.0
     assert len(m["epoch_time_s"]) == 2 and len(m["first_batch_latency_s"]) == 2
     assert sum(m["epoch_time_s"]) == pytest.approx(m["train_time_s"], rel=0.05, abs=0.05)
     assert 0.0 < m["step_time_median_s"] < m["train_time_s"]
     assert 0.0 <= m["data_wait_fraction"] <= 1.0
+    # the loader's next() and the copy (on CPU: device-side normalisation) are timed apart
+    assert m["data_wait_fraction"] + m["h2d_wait_fraction"] <= 1.0
+    assert m["data_wait_s"] > 0 and m["h2d_wait_s"] >= 0
+    assert m["data_wait_s"] == pytest.approx(m["data_wait_fraction"] * m["train_time_s"], rel=0.2)
     assert m["peak_mem_bytes"] > 10 * 2**20
     assert m["h2d_time_s"] is None and m["gpu_util_mean"] is None  # CPU run: nothing to measure
+    assert set(record["unmeasured"]) == {"h2d_time_s", "gpu_util_mean", "nvml_process_mem_bytes"}
+    assert record["unmeasured"]["h2d_time_s"] == "CPU run: there is no host-to-device copy"
 
 
 def test_result_records_ranks_flags_and_test_set(finished_run: Path) -> None:
@@ -53,11 +66,18 @@ def test_result_records_ranks_flags_and_test_set(finished_run: Path) -> None:
     result = json.loads((finished_run / f"raw/{record['config_id']}-t0-a0/result.json").read_text())
     assert result["world_size"] == 2 and [r["rank"] for r in result["ranks"]] == [0, 1]
     assert len({r["pid"] for r in result["ranks"]}) == 2
-    assert result["tf32_flags"] == {"cuda_matmul_allow_tf32": False, "cudnn_allow_tf32": False}
+    assert result["tf32_flags"] == {"cuda_matmul_allow_tf32": False, "cudnn_allow_tf32": False,
+                                    "env": {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": None,
+                                            "NVIDIA_TF32_OVERRIDE": None}}
+    assert record["cleared_env"] == {"NVIDIA_TF32_OVERRIDE": "0"}  # what the caller had
     assert result["test_images"] == 64  # the whole (subset) test set, split over the ranks
     assert result["steps_per_epoch"] == 3
+    for rank in result["ranks"]:
+        # cuDNN never meets a new batch shape inside the clock
+        assert rank["batch_sizes_timed"] == rank["batch_sizes_warmed"] == [4, 8]
+        assert rank["parent_death"] == "pdeathsig"  # torchrun's agent is the direct parent
     assert result["pin_memory_effective"] is False
     timeline = result["timeline"]
     order = ["process_start", "imported", "dist_ready", "data_ready", "model_ready", "warmup_done",
-             "train_done", "eval_done"]
+             "clock_start", "train_done", "eval_done"]
     assert [timeline[k] for k in order] == sorted(timeline[k] for k in order)

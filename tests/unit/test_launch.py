@@ -59,3 +59,64 @@ def test_trial_env_drops_tf32_override_and_shares_cores() -> None:
     assert env["PYTHONPATH"].split(os.pathsep) == [package_root, "/a"]
     assert launch.trial_env({"OMP_NUM_THREADS": "7"}, 2, 8)["OMP_NUM_THREADS"] == "7"
     assert launch.trial_env({}, 4, 2)["OMP_NUM_THREADS"] == "1"
+
+
+def test_tf32_overrides_are_cleared_and_their_values_kept_for_the_record() -> None:
+    base = {"PATH": "/bin", "NVIDIA_TF32_OVERRIDE": "0", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}
+    env = launch.trial_env(base, ranks_per_node=1, cpu_count=2)
+    assert "NVIDIA_TF32_OVERRIDE" not in env and "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE" not in env
+    assert launch.cleared_env(base) == {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1",
+                                        "NVIDIA_TF32_OVERRIDE": "0"}
+    assert launch.cleared_env({"PATH": "/bin"}) == {}
+
+
+def test_torchruns_agent_is_found_among_a_ranks_ancestors() -> None:
+    python = "/opt/venv/bin/python3"
+    nsys = (4100, ["/opt/nvidia/nsys/bin/nsys", "profile", "--trace=cuda", python, "-m", "x"])
+    agent = (4000, [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"])
+    runner = (3000, [python, "-m", "multicard", "run", "spec.toml"])
+    assert launch.find_agent([agent, runner]) == 4000
+    assert launch.find_agent([nsys, agent, runner]) == 4000  # a wrapper in between
+    assert launch.find_agent([(4200, ["/usr/bin/torchrun", "--nproc-per-node=4"])]) == 4200
+    assert launch.find_agent([(4300, [python, "/opt/venv/bin/torchrun", "-m", "x"])]) == 4300
+    assert launch.find_agent([runner, (1, ["/sbin/init"])]) is None
+
+
+@pytest.mark.slow
+def test_a_rank_behind_a_wrapper_dies_with_the_agent(tmp_path: Path) -> None:
+    # agent (named torchrun) -> wrapper -> rank; the rank arms die_with_agent, then the agent is
+    # killed with SIGKILL and the wrapper lives on: the rank must go within seconds
+    import signal
+    import subprocess
+    import time
+
+    rank = tmp_path / "rank.py"
+    rank.write_text("import time\nfrom multicard import launch\n"
+                    "print(launch.die_with_agent(), flush=True)\ntime.sleep(60)\n")
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text("import subprocess, sys, time\n"
+                       f"p = subprocess.Popen([sys.executable, {str(rank)!r}])\n"
+                       "print(p.pid, flush=True)\ntime.sleep(60)\n")
+    agent = tmp_path / "torchrun"
+    agent.write_text(f"import subprocess, sys\nsubprocess.run([sys.executable, {str(wrapper)!r}])\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(multicard.__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, str(agent)], stdout=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        rank_pid = int(proc.stdout.readline())  # type: ignore[union-attr]
+        assert proc.stdout.readline().strip() == "agent watcher"  # type: ignore[union-attr]
+        os.kill(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{rank_pid}").exists() and _state(rank_pid) != "Z" \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not Path(f"/proc/{rank_pid}").exists() or _state(rank_pid) == "Z"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

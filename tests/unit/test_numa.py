@@ -107,20 +107,23 @@ def test_unrecognised_text_is_bad_input(tmp_path: Path) -> None:
         ((ONE_NODE,), "cpu", 0, "none", []),
         ((TWO_SOCKETS, GPU4), "cuda", 2, "local", ["numactl", "--cpunodebind=1", "--membind=1"]),
         ((TWO_SOCKETS, GPU4), "cuda", 2, "remote", ["numactl", "--cpunodebind=0", "--membind=0"]),
-        ((TWO_SOCKETS, GPU4), "cuda", 0, "interleave", ["numactl", "--interleave=all"]),
+        ((TWO_SOCKETS, GPU4), "cuda", 0, "interleave", ["numactl", "--interleave=0,1"]),
         # memoryless home node 1: memory from the nearest node that has some (0 at distance 16)
         ((MEMORYLESS,), "cpu", 1, "local", ["numactl", "--cpunodebind=1", "--membind=0"]),
         # remote from node 1: the farthest node with CPUs (4, at 32), which has memory
         ((MEMORYLESS,), "cpu", 1, "remote", ["numactl", "--cpunodebind=4", "--membind=4"]),
-        ((MEMORYLESS,), "cpu", 0, "interleave", ["numactl", "--interleave=all"]),
+        # only the nodes with CPUs and memory (0 and 4), never the memoryless ones
+        ((MEMORYLESS,), "cpu", 0, "interleave", ["numactl", "--interleave=0,4"]),
         # CPU-less HBM nodes 2 and 3 never take ranks
         ((CPULESS,), "cpu", 1, "local", ["numactl", "--cpunodebind=1", "--membind=1"]),
         ((CPULESS,), "cpu", 0, "remote", ["numactl", "--cpunodebind=1", "--membind=1"]),
+        # interleaving never spreads pages over the CPU-less HBM nodes
+        ((CPULESS,), "cpu", 0, "interleave", ["numactl", "--interleave=0,1"]),
         # from `nvidia-smi topo -m` alone: nodes are the GPUs' NUMA affinities
         ((GPU8,), "cuda", 4, "local", ["numactl", "--cpunodebind=7", "--membind=7"]),
         # no distances known: the lowest other node
         ((GPU8,), "cuda", 0, "remote", ["numactl", "--cpunodebind=1", "--membind=1"]),
-        ((GPU8,), "cuda", 0, "interleave", ["numactl", "--interleave=all"]),
+        ((GPU8,), "cuda", 0, "interleave", ["numactl", "--interleave=1,3,5,7"]),
     ],
 )
 def test_policy_to_command_line(files: tuple[str, ...], device: str, local_rank: int, policy: str,
@@ -133,7 +136,7 @@ def test_policy_to_command_line(files: tuple[str, ...], device: str, local_rank:
 @pytest.mark.parametrize(
     ("files", "device", "local_rank", "policy", "reason"),
     [((ONE_NODE,), "cpu", 0, "remote", "remote needs a second NUMA node with CPUs"),
-     ((ONE_NODE,), "cpu", 0, "interleave", "interleave needs two or more NUMA nodes with memory"),
+     ((ONE_NODE,), "cpu", 0, "interleave", "interleave needs two or more NUMA nodes with CPUs and memory"),
      (("nvidia_smi_topo_old_driver.txt",), "cuda", 0, "local", "NUMA node is unknown")],
 )
 def test_policies_a_topology_cannot_express(files: tuple[str, ...], device: str, local_rank: int,
@@ -159,8 +162,51 @@ def test_topo_cli_prints_the_contract_json() -> None:
                              str(FIXTURES / GPU4)], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0
     data = json.loads(result.stdout)
-    assert data["gpus"][2] == {"gpu": 2, "numa_node": 1, "cpus": list(range(24, 48))}
+    assert data["gpus"][2] == {"gpu": 2, "numa_node": 1, "cpus": list(range(24, 48)), "uuid": None,
+                               "pci_bus_id": None}  # saved nvidia-smi output names neither
     assert data["nodes"][1]["memory_mb"] == 516087
     live = subprocess.run([sys.executable, "-m", "multicard", "topo"], cwd=ROOT, capture_output=True,
                           text=True)
     assert live.returncode == 0 and json.loads(live.stdout)["nodes"]
+
+
+def live_like(*buses: str) -> numa.Topology:
+    """A 4-GPU two-socket node as NVML and sysfs describe it: GPUs 0, 1 on node 0; 2, 3 on node 1."""
+    nodes = [numa.Node(0, list(range(24)), 515346), numa.Node(1, list(range(24, 48)), 516087)]
+    gpus = [numa.Gpu(i, i // 2, list(range(24 * (i // 2), 24 * (i // 2) + 24)), f"GPU-{i}aaa-uuid",
+                     bus) for i, bus in enumerate(buses)]
+    return numa.Topology(nodes, gpus, {}, {0: {0: 10, 1: 32}, 1: {0: 32, 1: 10}})
+
+
+@pytest.mark.parametrize(
+    ("visible", "local_rank", "home"),
+    [(None, 0, 0), (None, 2, 1),
+     ("2,3", 0, 1), ("2,3", 1, 1),  # what Slurm gives the second job on the node
+     ("3,0", 1, 0),
+     ("GPU-2aaa-uuid,GPU-0aaa", 0, 1), ("GPU-2aaa-uuid,GPU-0aaa", 1, 0),  # UUIDs and prefixes
+     ("2,7,0", 1, None),  # CUDA stops at the first entry that names no GPU
+     ("1,1", 1, None)],
+)
+def test_a_ranks_home_node_follows_cuda_visible_devices(visible: str | None, local_rank: int,
+                                                        home: int | None) -> None:
+    topology = live_like("0000:1b:00.0", "0000:43:00.0", "0000:9b:00.0", "0000:c3:00.0")
+    assert numa.home_node(topology, "cuda", local_rank, visible) == home
+
+
+def test_cuda_indices_count_in_pci_bus_order_not_nvml_order() -> None:
+    # NVML index 0 sits on bus c3 (node 0 by construction); CUDA's PCI_BUS_ID order puts it last
+    topology = live_like("0000:c3:00.0", "0000:1b:00.0", "0000:43:00.0", "0000:9b:00.0")
+    assert numa.home_node(topology, "cuda", 0, "0") == 0  # bus 1b is NVML 1, on node 0
+    assert numa.home_node(topology, "cuda", 0, "3") == 0  # bus c3 is NVML 0, on node 0
+    assert numa.home_node(topology, "cuda", 0, "2") == 1  # bus 9b is NVML 3, on node 1
+
+
+def test_inside_a_rank_its_gpu_is_found_by_uuid() -> None:
+    topology = live_like("0000:1b:00.0", "0000:43:00.0", "0000:9b:00.0", "0000:c3:00.0")
+    assert numa.home_node(topology, "cuda", 0, "0", gpu_uuid="GPU-3aaa-uuid") == 1
+
+
+def test_mig_instances_are_refused_with_a_clear_message() -> None:
+    topology = live_like("0000:1b:00.0", "0000:43:00.0", "0000:9b:00.0", "0000:c3:00.0")
+    with pytest.raises(InputError, match=r"MIG instance \(MIG-4b2f"):
+        numa.home_node(topology, "cuda", 0, "MIG-4b2f7e1c-9a3d-5e88-b2a1-3c1d0f9e8a77")

@@ -126,7 +126,8 @@ def test_facets_breakdown_and_binary_paper_outcomes(tmp_path: Path) -> None:
         store.append(run / "trials.jsonl", {
             "schema": 1, "experiment": s.name, "config_id": cid, "config": config, "trial": 0,
             "status": "oom" if fails else "ok", "started": "2026-01-01T00:00:00+00:00",
-            "wall_s": 1.0, "metrics": {} if fails else {"train_time_s": 10.0, "data_wait_fraction": 0.25},
+            "wall_s": 1.0, "metrics": {} if fails else {"train_time_s": 10.0, "data_wait_fraction": 0.25,
+                                             "h2d_wait_fraction": 0.1},
             "error": {"type": "OutOfMemoryError", "message": "x", "stderr_tail": ""} if fails else None,
             "artifacts": []})
     report.write_report([run], run)
@@ -141,7 +142,10 @@ def test_facets_breakdown_and_binary_paper_outcomes(tmp_path: Path) -> None:
     csv = pd.read_csv(run / "tables" / "figure6_loaders.csv")
     dali = csv[(csv.loader == "dali") & (csv.image_size == 300) & (csv.gpus == 2)].iloc[0]
     assert dali["breakdown.data_wait_s"] == pytest.approx(2.5)
-    assert dali["breakdown.compute_s"] == pytest.approx(7.5)
+    assert dali["breakdown.h2d_wait_s"] == pytest.approx(1.0)  # blocked in the copy: not data wait
+    assert dali["breakdown.compute_s"] == pytest.approx(6.5)
+    header = (run / "tables" / "figure6_loaders.md").read_text().splitlines()[0]
+    assert "data wait, loader next() (%)" in header and "copy wait, host in H2D copy (%)" in header
 
 
 def gpu_run(directory: Path, experiment: str, times: dict[tuple[Any, ...], list[float]],

@@ -74,10 +74,11 @@ def test_cuda_plan_on_a_machine_without_gpus_is_bad_input(tmp_path: Path) -> Non
 
 
 def test_configs_needing_more_gpus_than_visible_are_skipped(tmp_path: Path, monkeypatch) -> None:
-    from multicard import spec, store, telemetry
+    from multicard import devices, spec, store, telemetry
     from tests.helpers import write_spec
 
-    monkeypatch.setattr(telemetry, "visible_gpu_count", lambda: 1)  # a 1-GPU node
+    one_gpu = [devices.GpuIdentity(0, "GPU-a", "0000:1b:00.0", "NVIDIA H100", (9, 0))]
+    monkeypatch.setattr(telemetry, "visible_gpus", lambda: one_gpu)  # a 1-GPU node
     path = write_spec(tmp_path, fixed={"device": "cuda"}, grid={"gpus": [2, 4]})
     outcome = runner.run(spec.load(path), tmp_path / "run", echo=lambda _: None)
     assert (outcome.ran, outcome.ok, outcome.failed, outcome.skipped) == (2, 0, 0, 2)
@@ -128,18 +129,61 @@ def test_a_rank_killed_by_a_signal_is_named_from_torchruns_summary() -> None:
     assert error["message"] == "Signal 9 (SIGKILL) received by PID 11027"
 
 
+def gpus(count: int, capability: tuple[int, int] = (9, 0)) -> list:
+    from multicard import devices
+
+    return [devices.GpuIdentity(i, f"GPU-{i}", f"0000:{16 + i:02x}:00.0", "NVIDIA GPU", capability)
+            for i in range(count)]
+
+
 def test_unrunnable_configs_name_their_reason() -> None:
     from multicard import kinds, numa
 
     one_node = numa.Topology(nodes=[numa.Node(0, [0, 1], 16000)])
-    cpu = {"gpus": 2, "device": "cpu", "loader": "torch", "numa_policy": "none"}
-    assert kinds.vision_unrunnable(cpu, "none", 0, one_node) is None
-    assert kinds.vision_unrunnable({**cpu, "device": "cuda"}, "none", 4, one_node) is None
-    assert kinds.vision_unrunnable({**cpu, "device": "cuda"}, "none", 1, one_node) == (
+    cpu_only = kinds.Machine([], one_node, numactl=True)
+    cpu = {"gpus": 2, "device": "cpu", "loader": "torch", "numa_policy": "none", "precision": "fp32"}
+    assert kinds.vision_unrunnable(cpu, "none", cpu_only) is None
+    assert kinds.vision_unrunnable({**cpu, "device": "cuda"}, "none",
+                                   kinds.Machine(gpus(4), one_node, True)) is None
+    assert kinds.vision_unrunnable({**cpu, "device": "cuda"}, "none",
+                                   kinds.Machine(gpus(1), one_node, True)) == (
         "NotEnoughGPUs", "needs 2 GPUs per node, 1 visible")
-    assert kinds.vision_unrunnable({**cpu, "numa_policy": "local"}, "none", 0, one_node) is None
-    kind, reason = kinds.vision_unrunnable({**cpu, "numa_policy": "remote"}, "none", 0, one_node)
+    assert kinds.vision_unrunnable({**cpu, "numa_policy": "local"}, "none", cpu_only) is None
+    kind, reason = kinds.vision_unrunnable({**cpu, "numa_policy": "remote"}, "none", cpu_only)
     assert (kind, reason) == ("NumaPolicyNotApplicable",
                               "remote needs a second NUMA node with CPUs; this machine has one")
-    kind, reason = kinds.vision_unrunnable({**cpu, "numa_policy": "interleave"}, "none", 0, one_node)
-    assert reason == "interleave needs two or more NUMA nodes with memory; this machine has 1"
+    kind, reason = kinds.vision_unrunnable({**cpu, "numa_policy": "interleave"}, "none", cpu_only)
+    assert reason == "interleave needs two or more NUMA nodes with CPUs and memory; this machine has 1"
+    # whether numactl is installed is part of the machine handed in, not looked up here
+    no_numactl = kinds.Machine([], one_node, numactl=False)
+    assert kinds.vision_unrunnable({**cpu, "numa_policy": "local"}, "none", no_numactl) == (
+        "NumactlNotInstalled", "numa_policy = 'local' needs numactl on PATH")
+
+
+def test_bf16_on_gpus_without_bf16_is_skipped_with_the_reason() -> None:
+    from multicard import kinds, numa
+
+    one_node = numa.Topology(nodes=[numa.Node(0, [0, 1], 16000)])
+    config = {"gpus": 2, "device": "cuda", "loader": "torch", "numa_policy": "none",
+              "precision": "bf16"}
+    turing = kinds.Machine(gpus(2, (7, 5)), one_node, numactl=True)
+    assert kinds.vision_unrunnable(config, "none", turing) == (
+        "BF16NotSupported", "bf16 needs compute capability >= 8.0 (Ampere); GPU 0 (NVIDIA GPU) is 7.5")
+    assert kinds.vision_unrunnable({**config, "precision": "fp16"}, "none", turing) is None
+    assert kinds.vision_unrunnable(config, "none", kinds.Machine(gpus(2, (8, 0)), one_node, True)) is None
+
+
+def test_numa_skips_map_each_rank_through_cuda_visible_devices() -> None:
+    from multicard import kinds, numa
+
+    two = numa.Topology(
+        nodes=[numa.Node(0, [0, 1], 16000), numa.Node(1, [2, 3], 16000)],
+        gpus=[numa.Gpu(0, 0, [0, 1], "GPU-0", "0000:10:00.0"), numa.Gpu(1, None, [], "GPU-1",
+                                                                         "0000:11:00.0")])
+    config = {"gpus": 1, "device": "cuda", "loader": "torch", "numa_policy": "local",
+              "precision": "fp32"}
+    visible = gpus(2)
+    # CUDA device 0 is NVML GPU 1 here, whose NUMA node is unknown: skipped, not bound wrongly
+    assert kinds.vision_unrunnable(config, "none", kinds.Machine(visible, two, True, "1"))[0] == \
+        "NumaPolicyNotApplicable"
+    assert kinds.vision_unrunnable(config, "none", kinds.Machine(visible, two, True, "0")) is None

@@ -1,9 +1,16 @@
 """Data loaders behind one signature: `LOADERS[name](config) -> Loader`.
 
-The training loop never knows which loader it has. Every loader yields batches already on the
-training device, as `(images, labels, indices)`: images float32 (B, 3, N, N) in the requested
-memory format, labels int64, and the dataset indices of the samples (so tests and audits can see
-exactly which samples a rank saw).
+The training loop never knows which loader it has. `epoch()` yields each batch as the loader's
+`next()` produces it (on the host for the DataLoader, on the device for DALI and synthetic), and
+`to_device(batch)` finishes it on the training device, so the loop can time the wait for the
+loader and the wait for the copy apart. A finished batch is `(images, labels, indices)`: images
+(B, 3, N, N) in the requested memory format, float32 unless `host_dtype` asks the loader for the
+precision's dtype before the copy (`cast = "host"`), labels int64, and the dataset indices of the
+samples (so tests and audits can see exactly which samples a rank saw).
+
+Every loader draws the same samples (`sample_indices`), trimmed to a multiple of the world size,
+so all ranks take the same number of equally sized steps: DALI's shards never end in an empty
+batch and the DistributedSampler never pads with repeated samples.
 
 - `torch`: PyTorch DataLoader + DistributedSampler; decoding and normalisation in CPU worker
   processes (the paper's setup); host-to-device copy with non_blocking, timed with CUDA events.
@@ -49,6 +56,7 @@ class LoaderConfig:
     dali_threads: int
     dali_affinity: bool  # DALI pins its threads near the GPU (CUDA only)
     device: torch.device
+    host_dtype: str = "float32"  # the dtype the loader casts batches to before the copy
 
 
 class Loader(Protocol):
@@ -56,7 +64,12 @@ class Loader(Protocol):
     pin_memory: bool  # as actually used (only with a CUDA device)
 
     def epoch(self, epoch: int) -> Iterator[Batch]:
-        """Exactly `steps_per_epoch` batches; iterate to the end so the loader can reset."""
+        """Exactly `steps_per_epoch` batches as `next()` makes them; iterate to the end so the
+        loader can reset. Each goes through `to_device` before use."""
+        ...
+
+    def to_device(self, batch: Batch) -> Batch:
+        """The batch on the training device, normalised and in its memory format."""
         ...
 
     def h2d_seconds(self) -> float | None:
@@ -64,15 +77,16 @@ class Loader(Protocol):
         ...
 
 
-def sample_indices(total: int, subset: int, epoch_samples: int, seed: int) -> np.ndarray:
+def sample_indices(total: int, subset: int, epoch_samples: int, seed: int,
+                   world: int = 1) -> np.ndarray:
     """The dataset indices a loader draws from: the first `subset` (0 = all), then, when
-    `epoch_samples` > 0, a fixed seeded random selection of that many. Every loader uses this, so
-    all of them train on the same images."""
+    `epoch_samples` > 0, a fixed seeded random selection of that many, then the first multiple of
+    `world` of them. Every loader uses this, so all of them train on the same images."""
     indices = np.arange(min(total, subset) if subset else total)
     if epoch_samples and epoch_samples < len(indices):
         chosen = np.random.default_rng(seed).choice(len(indices), size=epoch_samples, replace=False)
         indices = indices[np.sort(chosen)]
-    return indices
+    return indices[:len(indices) - len(indices) % world]
 
 
 def make_torch(config: LoaderConfig) -> Loader:

@@ -6,8 +6,10 @@ shard (`pad_last_batch`) so that every rank runs the same number of batches. Dec
 "mixed" backend (nvJPEG on the GPU), and `crop_mirror_normalize` normalises on the GPU with the
 same MNIST mean/std as the DataLoader, writing CHW or HWC directly. The iterator's last-batch
 policy is PARTIAL: the last batch is short and carries no padding, like the DataLoader's
-`drop_last=False`. On a CPU-only machine the same pipeline runs with CPU operators
-(`device_id=None`).
+`drop_last=False`. The file list is trimmed to a multiple of the world size first, so the shards
+are equal and no rank's last batch is empty. The first batch is made at the first `next()`, in
+the timed epoch, as the DataLoader's is (`prepare_first_batch=False`). On a CPU-only machine the
+same pipeline runs with CPU operators (`device_id=None`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ class DaliLoader:
         self.config = config
         self.cuda = config.device.type == "cuda"
         lines = [line for line in (tree / f"{config.split}_index.txt").read_text().split("\n") if line]
-        chosen = sample_indices(len(lines), config.subset, config.epoch_samples, config.seed)
+        # a multiple of the world size: equal shards, so no rank's last batch is empty
+        chosen = sample_indices(len(lines), config.subset, config.epoch_samples, config.seed,
+                                config.world)
         files = [lines[i].rsplit(" ", 1)[0] for i in chosen]
         labels_by_index = np.load(tree / f"labels_{config.split}.npy").astype(np.int64)
         self.labels_by_index = torch.from_numpy(labels_by_index).to(config.device)
@@ -46,9 +50,12 @@ class DaliLoader:
             set_affinity=config.dali_affinity and self.cuda,
         )
         pipe.build()
+        # prepare_first_batch=False: by default the iterator runs the pipeline for the first
+        # batch here, before the clock, while the DataLoader's first batch (worker start-up
+        # included) is timed inside epoch 0. Now both make it at the first next().
         self.iterator = DALIGenericIterator(
             [pipe], ["images", "index"], reader_name="Reader",
-            last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True)
+            last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True, prepare_first_batch=False)
         self.steps_per_epoch = len(self.iterator)
 
     def epoch(self, epoch: int) -> Iterator[Batch]:
@@ -60,6 +67,9 @@ class DaliLoader:
             indices = outputs[0]["index"].squeeze(-1).to(torch.int64)
             labels = self.labels_by_index[indices.to(self.config.device)]
             yield images, labels, indices
+
+    def to_device(self, batch: Batch) -> Batch:
+        return batch  # made on the device (on the CPU in a CPU run)
 
     def h2d_seconds(self) -> float | None:
         return None  # the copy of the encoded bytes happens inside DALI's decoder

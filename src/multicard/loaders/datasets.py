@@ -83,23 +83,29 @@ def checked_tree(config: LoaderConfig) -> Path:
 
 
 def training_subset(config: LoaderConfig, dataset: Dataset[Item]) -> Dataset[Item]:
-    """What one epoch draws from: everything, or the fixed selection of `epoch_samples`."""
-    indices = sample_indices(len(dataset), 0, config.epoch_samples, config.seed)  # type: ignore[arg-type]
+    """What one epoch draws from: everything, or the fixed selection of `epoch_samples`, trimmed
+    to a multiple of the world size."""
+    indices = sample_indices(len(dataset), 0, config.epoch_samples, config.seed,  # type: ignore[arg-type]
+                             config.world)
     if len(indices) == len(dataset):  # type: ignore[arg-type]
         return dataset
     return Subset(dataset, indices.tolist())
 
 
-def collate(items: list[Item], channels_last: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """default_collate, then the batch in the requested memory format (in the worker, on the CPU)."""
+def collate(items: list[Item], channels_last: bool,
+            dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """default_collate, then the batch in the requested memory format and, for normalised
+    (floating) images, dtype: in the worker, on the CPU, before pinning and the copy."""
     images, labels, indices = default_collate(items)
+    if images.is_floating_point():
+        images = images.to(getattr(torch, dtype))
     if channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
     return images, labels, indices
 
 
 def collate_for(config: LoaderConfig) -> functools.partial[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    return functools.partial(collate, channels_last=config.layout == "nhwc")
+    return functools.partial(collate, channels_last=config.layout == "nhwc", dtype=config.host_dtype)
 
 
 def finish_on_device(images: torch.Tensor, config: LoaderConfig) -> torch.Tensor:

@@ -22,7 +22,8 @@ class SyntheticLoader:
         self.steps_per_epoch = math.ceil(per_rank / config.batch_size)
         self.last_size = per_rank - (self.steps_per_epoch - 1) * config.batch_size
         size = min(config.batch_size, len(dataset))  # type: ignore[arg-type]
-        images, labels, indices = collate([dataset[i] for i in range(size)], channels_last=False)
+        images, labels, indices = collate([dataset[i] for i in range(size)], channels_last=False,
+                                          dtype=config.host_dtype)
         self.images = finish_on_device(images.to(config.device), config)
         self.labels = labels.to(config.device)
         self.indices = indices
@@ -31,6 +32,9 @@ class SyntheticLoader:
         for step in range(self.steps_per_epoch):
             n = self.last_size if step == self.steps_per_epoch - 1 else len(self.labels)
             yield self.images[:n], self.labels[:n], self.indices[:n]
+
+    def to_device(self, batch: Batch) -> Batch:
+        return batch  # resident on the device already
 
     def h2d_seconds(self) -> float | None:
         return None

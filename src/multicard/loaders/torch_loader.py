@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from multicard.loaders import Batch, LoaderConfig
 from multicard.loaders.datasets import collate_for, finish_on_device, make_dataset, training_subset
+from multicard.timing import EventPool
 
 
 class TorchLoader:
@@ -20,8 +21,8 @@ class TorchLoader:
         # than letting every DataLoader warn about it.
         self.pin_memory = config.pin_memory and self.cuda
         dataset = training_subset(config, make_dataset(config, config.split))
-        # DistributedSampler pads every rank to ceil(n / world) samples by repeating the first
-        # ones, so all ranks take the same number of steps.
+        # The samples are a multiple of the world size (sample_indices), so the sampler gives
+        # every rank the same number without padding by repeated samples.
         self.sampler: DistributedSampler[Any] = DistributedSampler(
             dataset, num_replicas=config.world, rank=config.rank, shuffle=True, seed=config.seed)
         workers = config.num_workers > 0
@@ -33,25 +34,29 @@ class TorchLoader:
             persistent_workers=config.persistent_workers and workers,
         )
         self.steps_per_epoch = len(self.loader)
-        self._copies: list[tuple[Any, Any]] = []
+        # two events per copy, made once: none are created or destroyed inside the timed epochs
+        self.copies = EventPool(2 * self.steps_per_epoch,
+                                lambda: torch.cuda.Event(enable_timing=True)) if self.cuda else None
 
     def epoch(self, epoch: int) -> Iterator[Batch]:
         self.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
-        self._copies = []
-        for images, labels, indices in self.loader:  # non-persistent workers start here
-            yield self._to_device(images), labels.to(self.config.device, non_blocking=True), indices
+        if self.copies:
+            self.copies.reset()
+        yield from self.loader  # non-persistent workers start at the first next()
 
-    def _to_device(self, images: torch.Tensor) -> torch.Tensor:
-        if not self.cuda:
-            return finish_on_device(images, self.config)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    def to_device(self, batch: Batch) -> Batch:
+        images, labels, indices = batch
+        if not self.copies:
+            return finish_on_device(images, self.config), labels, indices
+        start, end = self.copies.take(), self.copies.take()
         start.record()  # events on the current stream: they time the copy, not the host
         images = images.to(self.config.device, non_blocking=True)
+        labels = labels.to(self.config.device, non_blocking=True)
         end.record()
-        self._copies.append((start, end))
-        return finish_on_device(images, self.config)
+        return finish_on_device(images, self.config), labels, indices
 
     def h2d_seconds(self) -> float | None:
-        if not self.cuda:
+        if not self.copies:
             return None
-        return sum(a.elapsed_time(b) for a, b in self._copies) / 1000.0
+        events = self.copies.taken()
+        return sum(a.elapsed_time(b) for a, b in zip(events[::2], events[1::2], strict=True)) / 1000.0

@@ -11,9 +11,12 @@ the metrics named in DESIGN.md. What is timed, and why:
 - `warmup_steps` untimed steps run first (oneDNN/cuDNN initialisation, allocator growth, DDP
   bucket rebuild), then the model and optimizer are reset to their initial state, so the timed
   training starts from scratch exactly as an untimed run would.
-- Each epoch is timed from `iter(loader)` (worker start: the paper's pre-epoch pause) to the end of
-  its last step, with the device synchronised at both ends. There is no sync inside the step loop;
-  per-step times come from CUDA events read after the epoch (host clock on CPU).
+- Each epoch is timed from `iter(loader)` (worker start: the paper's pre-epoch pause) through its
+  last step and the loader's shutdown, with the device synchronised after the last step. There is
+  no sync inside the step loop; per-step times come from CUDA events made once per trial and read
+  after the epoch (host clock on CPU).
+- The host's wait for each batch is split: `data_wait_s` is the loader's `next()` alone,
+  `h2d_wait_s` the host blocked in `to_device` (a pageable copy waits for the queued GPU work).
 - Test accuracy is measured after training, outside the timed region.
 """
 
@@ -26,7 +29,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
 import statistics  # noqa: E402
-from contextlib import nullcontext  # noqa: E402
+from contextlib import ExitStack, nullcontext  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -38,14 +41,15 @@ import torchvision  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 
-from multicard import numa, params, precision  # noqa: E402
+from multicard import devices, numa, params, precision  # noqa: E402
 from multicard.data import mnist, scenario_b  # noqa: E402
-from multicard.launch import set_parent_death_signal  # noqa: E402
-from multicard.loaders import LOADERS, LoaderConfig  # noqa: E402
+from multicard.launch import DROPPED_ENV, die_with_agent  # noqa: E402
+from multicard.loaders import LOADERS, LoaderConfig, sample_indices  # noqa: E402
 from multicard.loaders.datasets import collate_for, finish_on_device, make_dataset  # noqa: E402
 from multicard.profiling import TRACE_MODES  # noqa: E402
 from multicard.profiling.capture import TRACERS, NoTracer, TraceConfig, Tracer  # noqa: E402
-from multicard.telemetry import GpuUtilSampler  # noqa: E402
+from multicard.telemetry import GpuUtilSampler, rank_device_bytes  # noqa: E402
+from multicard.timing import BatchTimer, StepClock, start_together, warmup_batch_sizes  # noqa: E402
 
 T_IMPORTED = time.time()
 
@@ -65,28 +69,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             help=param.help,
         )
     return parser.parse_args(argv)
-
-
-class StepClock:
-    """Timestamps on the device timeline (CUDA events) or the host clock; read after a sync."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.marks: list[Any] = []
-
-    def mark(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()  # enqueued on the current stream, no host-device sync
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def intervals_s(self) -> list[float]:
-        pairs = zip(self.marks, self.marks[1:], strict=False)
-        if self.cuda:
-            return [a.elapsed_time(b) / 1000.0 for a, b in pairs]
-        return [b - a for a, b in pairs]
 
 
 def synchronize(device: torch.device) -> None:
@@ -124,7 +106,7 @@ def train_step(
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    set_parent_death_signal(os.getppid())
+    parent_death = die_with_agent()
     timeline = {"process_start": T_PROCESS_START, "imported": T_IMPORTED}
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -140,75 +122,88 @@ def main(argv: list[str] | None = None) -> None:
     timeline["dist_ready"] = time.time()
 
     policy = precision.PRECISIONS[args.precision]
-    tf32_flags = precision.apply_tf32(policy)
+    tf32_flags = {**precision.apply_tf32(policy),
+                  "env": {name: os.environ.get(name) for name in DROPPED_ENV}}
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     param_dtype = precision.torch_dtype(policy.param_dtype)
+    # cast = "host": batches arrive in the input dtype; "device": float32, cast after the copy
+    model_input = precision.torch_dtype(policy.param_dtype if args.cast == "device"
+                                        else precision.input_dtype(policy))
     autocast = (
         torch.autocast(device.type, dtype=precision.torch_dtype(policy.autocast_dtype))
         if policy.autocast_dtype else nullcontext()
     )
 
     # --- data: the loader shards by rank; every rank must take the same number of steps -----
-    train_config = loader_config(args, "train", rank, world, device)
+    train_config = loader_config(args, "train", rank, world, device, policy)
     loader = LOADERS[args.loader](train_config)
     steps_per_epoch = agree_on_steps(loader.steps_per_epoch, device)
     tracer = TRACERS[args.trace](TraceConfig(args.out, rank, steps_per_epoch, args.epochs, cuda))
-    probe = numa.PlacementProbe(args.out / "numa", f"rank{rank}", args.device, local_rank) \
+    uuid = gpu_uuid(device) if cuda else None
+    probe = numa.PlacementProbe(args.out / "numa", f"rank{rank}", args.device, local_rank, uuid) \
         if args.numa_evidence else None
     timeline["data_ready"] = time.time()
 
     # --- model and warm-up: untimed steps on a fixed batch, then back to the initial state ---
     torch.manual_seed(args.seed)
+    warmed: list[int] = []
     if args.mode == "train":
         model = torchvision.models.mobilenet_v2(num_classes=10).to(device=device, dtype=param_dtype)
         if args.layout == "nhwc":
             model = model.to(memory_format=torch.channels_last)
         ddp = DDP(model, device_ids=[local_rank] if cuda else None)
         timeline["model_ready"] = time.time()
-        optimizer, scaler = warm_up(ddp, model, args, train_config, param_dtype, autocast, policy)
+        warmed = warmup_batch_sizes(samples_per_rank(train_config), args.batch_size) \
+            if args.warmup_steps else []
+        optimizer, scaler = warm_up(ddp, model, args, train_config, model_input, autocast, policy,
+                                    warmed)
     else:  # loader_only: no model, the loop only pulls batches onto the device
         timeline["model_ready"] = time.time()
+    clock = StepClock(steps_per_epoch + 1, (lambda: torch.cuda.Event(enable_timing=True))
+                      if cuda else None)  # events made (and first recorded) before the clock
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     synchronize(device)
-    dist.barrier()  # all ranks start the clock together
     timeline["warmup_done"] = time.time()
 
     # --- timed epochs -----------------------------------------------------------------------
-    epoch_times, first_waits, waits, step_times, h2d = [], [], [], [], []
+    epoch_times, step_times, step_spans, h2d, timed_sizes = [], [], [], [], set()
+    timer: BatchTimer[Any] = BatchTimer()
     samples = 0
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
-    util = GpuUtilSampler(gpu_uuid(device) if cuda else None)
-    with util:
+    util = GpuUtilSampler(uuid)
+    with ExitStack() as sampling:
+        # samplers first, then the barrier: every rank's clock starts right after it
+        t_train = start_together([util], dist.barrier, sampling)
+        timeline["clock_start"] = time.time()
         tracer.start()
-        t_train = time.perf_counter()
         for epoch in range(args.epochs):
             t_epoch = time.perf_counter()
             with tracer.range(f"epoch_start {epoch}"):  # a marker: the pause is measured from it
                 batches = loader.epoch(epoch)  # the first next() starts non-persistent workers
-            clock = StepClock(device)
+            clock.start_epoch()
+            span_start = time.perf_counter()
             for step in range(steps_per_epoch):
                 clock.mark()
-                # The first wait counts from the epoch start: worker start-up is the pause.
-                t_wait = t_epoch if step == 0 else time.perf_counter()
                 if probe and epoch == 0 and step == steps_per_epoch // 2:
                     probe.start()  # mid-epoch: the workers are alive and have touched their data
-                with tracer.range("data_wait"):
-                    images, labels, _ = next(batches)
-                waits.append(time.perf_counter() - t_wait)
-                if step == 0:
-                    first_waits.append(waits[-1])
+                # The first wait counts from the epoch start: worker start-up is the pause.
+                images, labels, _ = timer.next_batch(batches, loader.to_device,
+                                                     t_epoch if step == 0 else None, tracer.range)
+                timed_sizes.add(len(labels))
                 with tracer.range("step"):
                     if args.mode == "train":
-                        images = images.to(param_dtype)  # fp64 only; a no-op for float32
-                        loss_sum += train_step(ddp, optimizer, scaler, images, labels, autocast,
-                                               tracer)
+                        loss_sum += train_step(ddp, optimizer, scaler, images.to(model_input),
+                                               labels, autocast, tracer)
                 tracer.step()
                 samples += len(labels)
             clock.mark()
+            # sync point: the epoch's queued GPU work is done, so the step clock's span (first to
+            # last mark) ends here on the device timeline and on the host's clock alike
+            synchronize(device)
+            step_spans.append(time.perf_counter() - span_start)
             if next(batches, None) is not None:  # run the loader to its end: shutdown, reset
                 raise RuntimeError(f"loader {args.loader} yielded more than {steps_per_epoch} batches")
-            synchronize(device)  # sync point: the epoch includes all of its queued GPU work
             epoch_times.append(time.perf_counter() - t_epoch)
             step_times += clock.intervals_s()
             h2d.append(loader.h2d_seconds())
@@ -216,11 +211,13 @@ def main(argv: list[str] | None = None) -> None:
         train_time = time.perf_counter() - t_train
         tracer.stop()
     timeline["train_done"] = time.time()
+    # memory at the end of training: evaluation's larger batches must not set the peak
+    memory = end_of_training_memory(device, uuid)
 
     accuracy, test_images = None, None
     if args.mode == "train":
-        test_config = loader_config(args, "test", rank, world, device)
-        correct, test_images = evaluate(model, test_config, args, param_dtype, autocast)
+        test_config = loader_config(args, "test", rank, world, device, policy)
+        correct, test_images = evaluate(model, test_config, args, model_input, autocast)
         accuracy = correct / max(1, test_images)
     timeline["eval_done"] = time.time()
 
@@ -229,15 +226,21 @@ def main(argv: list[str] | None = None) -> None:
         "train_time_s": train_time,
         "epoch_time_s": epoch_times,
         "step_times_s": step_times,
-        "first_batch_latency_s": first_waits,
-        "data_wait_s": sum(waits),
+        "step_span_host_s": step_spans,  # host clock over the span the step times cover
+        "first_batch_latency_s": timer.first_waits,
+        "data_wait_s": timer.data_wait_s,
+        "h2d_wait_s": timer.h2d_wait_s,
         "h2d_time_s": None if None in h2d else sum(h2d),
         "samples": samples,
+        "batch_sizes_warmed": sorted(warmed),
+        "batch_sizes_timed": sorted(timed_sizes),
         "loss_mean": loss_sum.item() / max(1, args.epochs * steps_per_epoch),
-        "peak_mem_bytes": peak_memory_bytes(device),
+        **memory,
         "gpu_util_mean": util.mean(),
         "host": os.uname().nodename,
         "pid": os.getpid(),
+        "gpu_uuid": uuid,
+        "parent_death": parent_death,
         **(probe.finish() if probe else {}),
     }
     gathered: list[dict[str, Any]] = [{} for _ in range(world)]
@@ -245,11 +248,13 @@ def main(argv: list[str] | None = None) -> None:
     if local_rank == 0:  # every node keeps the whole result (its runner records it on node 0)
         result = {
             "metrics": combine_ranks(gathered, accuracy),
+            "unmeasured": unmeasured(gathered),
             "ranks": gathered,
             "world_size": world,
             "steps_per_epoch": steps_per_epoch,
             "test_images": test_images,
             "pin_memory_effective": loader.pin_memory,
+            "host_dtype": train_config.host_dtype,
             "tf32_flags": tf32_flags,
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "torch": torch.__version__,
@@ -260,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def loader_config(args: argparse.Namespace, split: str, rank: int, world: int,
-                  device: torch.device) -> LoaderConfig:
+                  device: torch.device, policy: precision.PrecisionPolicy) -> LoaderConfig:
     """The loader's flat settings; `max_steps` becomes a fixed per-epoch sample budget."""
     training = split == "train"
     return LoaderConfig(
@@ -274,7 +279,16 @@ def loader_config(args: argparse.Namespace, split: str, rank: int, world: int,
         prefetch_factor=args.prefetch_factor, persistent_workers=args.persistent_workers,
         layout=args.layout, normalize=args.normalize, dali_threads=args.dali_threads,
         dali_affinity=args.dali_affinity, device=device,
+        host_dtype=precision.input_dtype(policy) if args.cast == "host" else "float32",
     )
+
+
+def samples_per_rank(config: LoaderConfig) -> int:
+    """How many samples each rank trains on per epoch (the loaders trim to a multiple of world)."""
+    if config.epoch_samples:
+        return config.epoch_samples // config.world
+    total = len(make_dataset(config, config.split))  # type: ignore[arg-type]
+    return len(sample_indices(total, 0, 0, config.seed, config.world)) // config.world
 
 
 def agree_on_steps(steps: int, device: torch.device) -> int:
@@ -287,18 +301,22 @@ def agree_on_steps(steps: int, device: torch.device) -> int:
 
 
 def warm_up(ddp: torch.nn.Module, model: torch.nn.Module, args: argparse.Namespace,
-            config: LoaderConfig, param_dtype: torch.dtype, autocast: Any,
-            policy: precision.PrecisionPolicy) -> tuple[torch.optim.Optimizer, torch.amp.GradScaler]:
+            config: LoaderConfig, model_input: torch.dtype, autocast: Any,
+            policy: precision.PrecisionPolicy, sizes: list[int],
+            ) -> tuple[torch.optim.Optimizer, torch.amp.GradScaler]:
     """Run `warmup_steps` untimed steps (library initialisation, allocator growth, DDP bucket
-    rebuild) on the synthetic loader's fixed batch, then reset model, optimizer and scaler."""
+    rebuild) on the synthetic loader's fixed batch, then one step at every other batch size of
+    `sizes` (cuDNN's autotuner tunes each new shape once: never inside the clock), then reset
+    model, optimizer and scaler."""
     initial_state = {k: v.clone() for k, v in model.state_dict().items()}
     optimizer = make_optimizer(model, args)
     scaler = torch.amp.GradScaler(config.device.type, enabled=policy.grad_scaler)
-    if args.warmup_steps:
+    if sizes:
         fixed = LOADERS["synthetic"](config)
         images, labels, _ = next(fixed.epoch(0))
-        for _ in range(args.warmup_steps):
-            train_step(ddp, optimizer, scaler, images.to(param_dtype), labels, autocast, NoTracer())
+        for n in [sizes[0]] * args.warmup_steps + sizes[1:]:
+            train_step(ddp, optimizer, scaler, images[:n].to(model_input), labels[:n], autocast,
+                       NoTracer())
         with torch.no_grad():
             model.load_state_dict(initial_state)
         optimizer = make_optimizer(model, args)
@@ -310,7 +328,7 @@ def evaluate(
     model: torch.nn.Module,
     config: LoaderConfig,
     args: argparse.Namespace,
-    param_dtype: torch.dtype,
+    model_input: torch.dtype,
     autocast: Any,
 ) -> tuple[int, int]:
     """(correct, total) over the whole test set, each rank scoring a contiguous, disjoint shard."""
@@ -324,7 +342,7 @@ def evaluate(
         for images, labels, _ in loader:
             images = finish_on_device(images.to(config.device, non_blocking=True), config)
             labels = labels.to(config.device, non_blocking=True)
-            counts[0] += (model(images.to(param_dtype)).argmax(dim=1) == labels).sum()
+            counts[0] += (model(images.to(model_input)).argmax(dim=1) == labels).sum()
             counts[1] += len(labels)
     dist.all_reduce(counts)  # sums over ranks; the shards do not overlap
     return int(counts[0]), int(counts[1])
@@ -334,15 +352,21 @@ def combine_ranks(ranks: list[dict[str, Any]], test_accuracy: float | None) -> d
     """One trial's metrics from every rank's measurements (DESIGN.md names).
 
     A job is as slow as its slowest rank, so times take the max over ranks; the pause before an
-    epoch likewise. Fractions and utilisation are averaged; samples are summed.
+    epoch likewise, and memory. Waits, fractions and utilisation are averaged; samples summed.
+    `data_wait_*` is the loader's next() alone; `h2d_wait_*` the host blocked in the copy.
     """
     train_time = max(r["train_time_s"] for r in ranks)
     epochs = len(ranks[0]["epoch_time_s"])
     step_times = [s for r in ranks for s in r["step_times_s"]]
     h2d = [r["h2d_time_s"] for r in ranks if r["h2d_time_s"] is not None]
+
     def mean_of(key: str) -> float | None:
         values = [r[key] for r in ranks if r.get(key) is not None]
         return statistics.fmean(values) if values else None
+
+    def max_of(key: str) -> Any:
+        values = [r[key] for r in ranks if r.get(key) is not None]
+        return max(values) if values else None
 
     return {
         "train_time_s": train_time,
@@ -350,11 +374,15 @@ def combine_ranks(ranks: list[dict[str, Any]], test_accuracy: float | None) -> d
         "step_time_median_s": statistics.median(step_times) if step_times else None,
         "throughput_samples_s": sum(r["samples"] for r in ranks) / train_time,
         "data_wait_fraction": statistics.fmean(r["data_wait_s"] / r["train_time_s"] for r in ranks),
+        "data_wait_s": mean_of("data_wait_s"),
+        "h2d_wait_fraction": statistics.fmean(r["h2d_wait_s"] / r["train_time_s"] for r in ranks),
+        "h2d_wait_s": mean_of("h2d_wait_s"),
         "first_batch_latency_s": [max(r["first_batch_latency_s"][e] for r in ranks)
                                   for e in range(epochs)],
         "h2d_time_s": max(h2d) if h2d else None,
         "test_accuracy": test_accuracy,
-        "peak_mem_bytes": max(r["peak_mem_bytes"] for r in ranks),
+        "peak_mem_bytes": max_of("peak_mem_bytes"),
+        "nvml_process_mem_bytes": max_of("nvml_process_mem_bytes"),
         "gpu_util_mean": mean_of("gpu_util_mean"),
         "train_loss": statistics.fmean(r["loss_mean"] for r in ranks),
         "local_page_fraction": mean_of("local_page_fraction"),
@@ -362,11 +390,39 @@ def combine_ranks(ranks: list[dict[str, Any]], test_accuracy: float | None) -> d
     }
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak allocated device memory on CUDA; on CPU the rank process's peak RSS."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+UNMEASURED_ON_CPU = {
+    "h2d_time_s": "CPU run: there is no host-to-device copy",
+    "gpu_util_mean": "CPU run: no GPU to sample",
+    "nvml_process_mem_bytes": "CPU run: no GPU",
+}
+
+
+def unmeasured(ranks: list[dict[str, Any]]) -> dict[str, str]:
+    """Why each metric that is null could not be measured (DESIGN: null with a reason, never 0)."""
+    reasons = {}
+    if all(r["gpu_uuid"] is None for r in ranks):
+        reasons |= UNMEASURED_ON_CPU
+    else:
+        if all(r["gpu_util_mean"] is None for r in ranks):
+            reasons["gpu_util_mean"] = "NVML gave no utilisation samples for this GPU"
+        why = next((r["nvml_process_mem_reason"] for r in ranks if r.get("nvml_process_mem_reason")), None)
+        if why and all(r["nvml_process_mem_bytes"] is None for r in ranks):
+            reasons["nvml_process_mem_bytes"] = why
+        if all(r["h2d_time_s"] is None for r in ranks):
+            reasons["h2d_time_s"] = "the loader copies inside its own pipeline (DALI) or not at all"
+    return reasons
+
+
+def end_of_training_memory(device: torch.device, uuid: str | None) -> dict[str, Any]:
+    """Peak allocated device memory of the training (torch's allocator) and what NVML charges
+    this process on its GPU now (context, allocator reserve, DALI and NCCL pools); on CPU the
+    rank process's peak RSS."""
+    if device.type != "cuda":
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        return {"peak_mem_bytes": rss, "nvml_process_mem_bytes": None, "nvml_process_mem_reason": None}
+    nvml_bytes, reason = rank_device_bytes(devices.GpuIdentity(-1, uuid, None))
+    return {"peak_mem_bytes": int(torch.cuda.max_memory_allocated(device)),
+            "nvml_process_mem_bytes": nvml_bytes, "nvml_process_mem_reason": reason}
 
 
 def gpu_uuid(device: torch.device) -> str:

@@ -37,7 +37,7 @@ def config(tree: Path | None, **changes: object) -> LoaderConfig:
 
 def epoch_batches(loader_name: str, cfg: LoaderConfig, epoch: int = 0) -> list:
     loader = LOADERS[loader_name](cfg)
-    batches = list(loader.epoch(epoch))
+    batches = [loader.to_device(b) for b in loader.epoch(epoch)]
     assert len(batches) == loader.steps_per_epoch
     return batches
 
@@ -67,17 +67,50 @@ def test_both_loaders_decode_the_same_pixels_and_labels(tree: Path) -> None:
             assert torch.allclose(x, expected, atol=1 / 255 / 0.3081 + 1e-6)
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_one_epoch_over_all_ranks_covers_the_dataset(tree: Path, world: int) -> None:
-    for name, max_duplicates in (("torch", world - 1), ("dali", 0)):
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_loader_trains_on_the_same_samples_in_equal_shards(tree: Path, world: int) -> None:
+    # 203 images: the first 203 - 203 % world, so every rank gets the same number, none twice
+    # (the DistributedSampler no longer pads with repeats, DALI's shards never end empty)
+    used = N - N % world
+    for name in ("torch", "dali"):
         seen: Counter[int] = Counter()
         for rank in range(world):
-            for _, _, indices in epoch_batches(name, config(tree, world=world, rank=rank)):
+            batches = epoch_batches(name, config(tree, world=world, rank=rank, batch_size=10))
+            assert all(len(labels) > 0 for _, labels, _ in batches), (name, rank)
+            assert sum(len(labels) for _, labels, _ in batches) == used // world, (name, rank)
+            for _, _, indices in batches:
                 seen.update(indices.tolist())
-        assert set(seen) == set(range(N)), name
-        # DistributedSampler pads each rank to ceil(N / world) by repeating samples; DALI's
-        # PARTIAL last batch drops its padding
-        assert sum(seen.values()) - N == (-N % world if name == "torch" else 0) <= max_duplicates
+        assert seen == Counter(range(used)), name
+
+
+def test_the_dali_iterator_makes_no_batch_before_the_first_next(tree: Path) -> None:
+    loader = LOADERS["dali"](config(tree))
+    assert loader.iterator._ever_scheduled is False  # type: ignore[attr-defined]
+    assert loader.iterator._first_batch is None  # type: ignore[attr-defined]
+    batches = [loader.to_device(b) for b in loader.epoch(0)]
+    assert len(batches) == loader.steps_per_epoch and len(batches[0][1]) == 16
+
+
+def test_the_torch_loader_yields_host_batches_and_finishes_them_in_to_device(tree: Path) -> None:
+    loader = LOADERS["torch"](config(tree, normalize="device", layout="nhwc"))
+    host_images, _, _ = next(loader.epoch(0))
+    assert host_images.dtype == torch.uint8  # next() is the loader alone: no device-side work
+    images, _, _ = loader.to_device((host_images, torch.zeros(16, dtype=torch.int64),
+                                     torch.arange(16)))
+    assert images.dtype == torch.float32
+    assert images.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize(("dtype", "element_size"), [("float16", 2), ("bfloat16", 2),
+                                                      ("float64", 8)])
+def test_a_host_cast_makes_the_batch_in_the_precisions_dtype_before_the_copy(
+        tree: Path, dtype: str, element_size: int) -> None:
+    for name in ("torch", "synthetic"):
+        loader = LOADERS[name](config(tree, host_dtype=dtype, num_workers=1))
+        images, _, _ = next(loader.epoch(0))
+        assert images.dtype == getattr(torch, dtype), name
+        assert images.element_size() == element_size  # the bytes the copy moves follow it
+        list(loader.epoch(0))
 
 
 def test_nhwc_batches_are_channels_last(tree: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from multicard import kinds, numa, params
+from multicard import devices, kinds, numa, params
 from multicard.data import llm as assets
 from multicard.workloads import llm
 
@@ -87,11 +87,17 @@ def test_pin_memory_adds_the_start_up_hook() -> None:
 
 def test_skip_reasons() -> None:
     cpu = settings(device="cpu", model="tiny")
-    assert kinds.llm_unrunnable(cpu, "none", 0, ONE_NODE) is None
-    assert kinds.llm_unrunnable({**cpu, "method": "qat"}, "none", 0, ONE_NODE)[0] == "NoSingleDeviceRecipe"  # type: ignore[index]
-    assert kinds.llm_unrunnable({**cpu, "gpus": 2}, "none", 0, ONE_NODE)[0] == "NeedsGPUs"  # type: ignore[index]
-    assert kinds.llm_unrunnable(cpu, "nsys", 0, ONE_NODE)[0] == "TraceNotSupported"  # type: ignore[index]
-    assert kinds.llm_unrunnable(settings(gpus=4), "none", 1, ONE_NODE)[0] == "NotEnoughGPUs"  # type: ignore[index]
+    no_gpu = kinds.Machine([], ONE_NODE, numactl=False)
+    assert kinds.llm_unrunnable(cpu, "none", no_gpu) is None
+    assert kinds.llm_unrunnable({**cpu, "method": "qat"}, "none", no_gpu)[0] == "NoSingleDeviceRecipe"  # type: ignore[index]
+    assert kinds.llm_unrunnable({**cpu, "gpus": 2}, "none", no_gpu)[0] == "NeedsGPUs"  # type: ignore[index]
+    assert kinds.llm_unrunnable(cpu, "nsys", no_gpu)[0] == "TraceNotSupported"  # type: ignore[index]
+    v100 = kinds.Machine([devices.GpuIdentity(0, "GPU-a", "0000:1b:00.0", "Tesla V100", (7, 0))],
+                         ONE_NODE, numactl=False)
+    assert kinds.llm_unrunnable(settings(gpus=4), "none", v100)[0] == "NotEnoughGPUs"  # type: ignore[index]
+    # the stock configs train in bf16, which a V100 cannot
+    assert kinds.llm_unrunnable(settings(), "none", v100) == (
+        "BF16NotSupported", "bf16 needs compute capability >= 8.0 (Ampere); GPU 0 (Tesla V100) is 7.0")
 
 
 MEMORY = "peak_memory_active:{a} peak_memory_alloc:{a} peak_memory_reserved:{r}"

@@ -2,14 +2,15 @@ from __future__ import annotations
 
 import pytest
 
-from multicard.workloads.vision import combine_ranks
+from multicard.workloads.vision import combine_ranks, unmeasured
 
 
 def rank(train: float, epochs: list[float], first: list[float], wait: float, samples: int,
-         mem: int, steps: list[float]) -> dict:
+         mem: int, steps: list[float], copy_wait: float = 0.0) -> dict:
     return {"train_time_s": train, "epoch_time_s": epochs, "first_batch_latency_s": first,
-            "data_wait_s": wait, "samples": samples, "peak_mem_bytes": mem,
-            "step_times_s": steps, "h2d_time_s": None, "gpu_util_mean": None, "loss_mean": 2.0}
+            "data_wait_s": wait, "h2d_wait_s": copy_wait, "samples": samples,
+            "peak_mem_bytes": mem, "nvml_process_mem_bytes": None, "step_times_s": steps,
+            "h2d_time_s": None, "gpu_util_mean": None, "loss_mean": 2.0, "gpu_uuid": None}
 
 
 def test_slowest_rank_sets_times_and_samples_add_up() -> None:
@@ -27,3 +28,19 @@ def test_slowest_rank_sets_times_and_samples_add_up() -> None:
     assert metrics["peak_mem_bytes"] == 20
     assert metrics["h2d_time_s"] is None and metrics["gpu_util_mean"] is None
     assert metrics["test_accuracy"] == 0.5
+
+
+def test_the_wait_for_the_loader_and_the_wait_for_the_copy_stay_apart() -> None:
+    metrics = combine_ranks([rank(10.0, [10.0], [0.5], 1.0, 10, 1, [0.1], copy_wait=4.0),
+                             rank(8.0, [8.0], [0.5], 2.0, 10, 1, [0.1], copy_wait=2.0)], None)
+    assert metrics["data_wait_fraction"] == pytest.approx((0.1 + 0.25) / 2)
+    assert metrics["h2d_wait_fraction"] == pytest.approx((0.4 + 0.25) / 2)
+    assert (metrics["data_wait_s"], metrics["h2d_wait_s"]) == (1.5, 3.0)
+
+
+def test_what_was_not_measured_says_why() -> None:
+    cpu = [rank(1.0, [1.0], [0.1], 0.1, 1, 1, [0.1])]
+    assert unmeasured(cpu)["gpu_util_mean"] == "CPU run: no GPU to sample"
+    gpu = [{**cpu[0], "gpu_uuid": "GPU-1", "h2d_time_s": 0.2, "gpu_util_mean": 0.9,
+            "nvml_process_mem_reason": "NVML lists no process with this PID on the GPU"}]
+    assert unmeasured(gpu) == {"nvml_process_mem_bytes": "NVML lists no process with this PID on the GPU"}

@@ -1,0 +1,44 @@
+"""benchmarks/device_check.py end to end on CPU: every part, the checks, a verifiable run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from multicard import artifact
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.slow
+SCRIPT = ROOT / "benchmarks" / "device_check.py"
+
+
+def test_dry_run_prints_the_plan_and_its_estimate() -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("precision: 15 trials, estimated ")
+    assert lines[1].startswith("layout_loader: 8 trials") and lines[2].startswith("pin_memory: 4 trials")
+    assert any(line.startswith("total: estimated ") for line in lines)
+    assert lines[-1] == "--dry-run: nothing started"
+
+
+def test_the_check_runs_on_cpu_into_a_verifiable_run(tmp_path: Path) -> None:
+    out = tmp_path / "cpu-device-check"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--trials", "1",
+                           "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "multicard / plain loop: " in done.stdout and "multicard / timm: " in done.stdout
+    assert {p.name for p in out.iterdir() if p.is_dir()} >= {"precision", "layout_loader",
+                                                              "pin_memory", "tables"}
+    summary = json.loads((out / "device_check.json").read_text())["summary"]
+    assert summary["trials"] == summary["ok"] == 11
+    assert summary["tf32_flags_as_set"] is True and summary["step_clock_within_tolerance"] is True
+    assert summary["multicard / plain loop"] > 0
+    assert "## Device check" in (out / "REPORT.md").read_text()
+    assert artifact.verify(out).ok

@@ -1,0 +1,36 @@
+"""Device memory of a trial: its own processes only, or the growth over what was in use before."""
+
+from __future__ import annotations
+
+import os
+
+from multicard import telemetry
+
+
+def test_only_the_trials_processes_are_counted() -> None:
+    # another user's 40 GiB process on the same GPU is not the trial's memory
+    processes = [(100, 3 * 2**30), (101, 2**30), (555, 40 * 2**30)]
+    assert telemetry.trial_device_bytes(processes, {100, 101}, used_now=44 * 2**30,
+                                        used_before=40 * 2**30) == (4 * 2**30, "per-process")
+
+
+def test_where_nvml_cannot_name_the_trials_processes_the_growth_is_counted() -> None:
+    # in a container NVML reports host PIDs: none of them is one of ours
+    assert telemetry.trial_device_bytes([(98765, 3 * 2**30)], {100, 101}, used_now=45 * 2**30,
+                                        used_before=41 * 2**30) == (4 * 2**30, "device-delta")
+    # per-process numbers not reported (None)
+    assert telemetry.trial_device_bytes([(100, None)], {100}, 10, 4) == (6, "device-delta")
+    assert telemetry.trial_device_bytes([], {100}, used_now=3, used_before=5) == (0, "device-delta")
+
+
+def test_a_ranks_own_memory_or_the_reason_it_cannot_be_read() -> None:
+    assert telemetry.own_device_bytes([(7, 2**30), (8, 5)], 7) == (2**30, None)
+    value, reason = telemetry.own_device_bytes([(9, 2**30)], 7)
+    assert value is None and "PID namespace" in reason  # type: ignore[operator]
+    assert telemetry.own_device_bytes([(7, None)], 7) == (
+        None, "NVML does not report per-process memory on this system")
+
+
+def test_the_process_group_is_found_in_proc() -> None:
+    group = telemetry.group_processes(os.getpgrp())
+    assert os.getpid() in group and group[os.getpid()] > 0
