@@ -5,22 +5,27 @@
     PYTHONPATH=src python3 benchmarks/device_check.py --device cpu  # the same on CPU, tiny sizes
     nox -s device-check -- [ARGS]                                   # the same through nox
 
-It needs only Python, torch, torchvision and multicard's light dependencies (pandas, tabulate,
+It exits 0 when every part ran and every check held, 1 otherwise, 2 on bad input. It needs only
+Python, torch, torchvision and multicard's light dependencies (pandas, tabulate,
 matplotlib, filelock, nvidia-ml-py, tomli-w): no nox, DALI, torchtune or network. It writes
 `artifact/runs/<N>x<gpu-model>-device-check-<UTC>/` (`cpu-device-check-<UTC>` on CPU): one run
 directory per part below, `env.json`, REPORT.md, `tables/`, `device_check.json` and SHA256SUMS.
 
-Parts (1 GPU, Scenario A at 100 px, 2 epochs of 50 steps, trials interleaved within a part):
-- precision: fp64 / fp32 / tf32 / fp16 / bf16, 3 trials each, TF32 flags read back;
+Parts (1 GPU, Scenario A at 100 px, 2 epochs of 50 steps, trials interleaved within a part), in
+the order they run, after the reference loops below:
 - layout x loader: nchw / nhwc x torch / synthetic at fp16, 2 trials each;
+- precision: fp64 / fp32 / tf32 / fp16 / bf16, 3 trials each, TF32 flags read back and TF32
+  measured (the error of an fp32 matmul and convolution against float64);
 - pin_memory: off / on at fp16, 2 trials each;
 - nsys: one traced fp32 trial, captured and parsed, where `nsys` is on PATH;
 - nccl: one 2-rank trial, where two GPUs are visible.
-Then the checks: CUDA-event step times against the host's wall clock (within 5 %), every
-precision's TF32 flags as set, and the harness against a plain loop: the same MobileNetV2 fp16
-channels_last training step with no harness, no DDP and no loader (and, where `timm` imports,
-timm's mobilenetv2_100 in the step timm's `benchmark.py` times), printed as `multicard / plain
-loop` and `multicard / timm` images/s.
+A part that would end past `--budget-s` (8 minutes; the time per trial measured so far once a
+part has run, the cost model before) is skipped and named. After every part the run is reported
+and checksummed, so a run cut short is still verifiable. The checks: CUDA-event step times
+against the host's clock over the same spans (within 5 %), every precision's TF32 as set, and the
+harness against a plain loop: the same MobileNetV2 fp16 channels_last training step with no
+harness, no DDP and no loader (and, where `timm` imports, timm's mobilenetv2_100 in the step
+timm's `benchmark.py` times), printed as `multicard / plain loop` and `multicard / timm` images/s.
 """
 
 from __future__ import annotations
@@ -63,12 +68,12 @@ def parts(device: str, gpus: int, with_nsys: bool, trials: int | None = None) ->
     """name -> experiment document (the spec format of experiments/*.toml); `trials` overrides
     every part's trial count (3 per precision, 2 per config elsewhere)."""
     fast = COMPARED_PRECISION[device]
-    found = {
-        "precision": ({}, {"precision": ["fp64", "fp32", "tf32", "fp16", "bf16"]},
-                      {"precision": "fp64"}, {"count": trials or 3}),
+    found = {  # in the order they run: the harness comparison first
         "layout_loader": ({"precision": fast}, {"layout": ["nchw", "nhwc"],
                                                 "loader": ["torch", "synthetic"]},
                           {"layout": "nchw", "loader": "torch"}, {"count": trials or 2}),
+        "precision": ({}, {"precision": ["fp64", "fp32", "tf32", "fp16", "bf16"]},
+                      {"precision": "fp64"}, {"count": trials or 3}),
         "pin_memory": ({"precision": fast}, {"pin_memory": [False, True]}, {"pin_memory": False},
                        {"count": trials or 2}),
     }
@@ -117,10 +122,14 @@ def step_clock_agreement(result: dict[str, Any]) -> float:
 
 
 def tf32_as_set(precision: str, result: dict[str, Any]) -> bool:
+    """The flags read back as set, no override variable reached the rank, and on a GPU the
+    libraries' measured error says they computed in TF32 exactly when asked to."""
     flags = result["tf32_flags"]
     wanted = precision == "tf32"
+    measured = flags.get("measured")
+    really = measured is None or (measured["matmul_tf32"] == wanted and measured["conv_tf32"] == wanted)
     return (flags["cuda_matmul_allow_tf32"] == wanted and flags["cudnn_allow_tf32"] == wanted
-            and all(v is None for v in flags.get("env", {}).values()))
+            and all(v is None for v in flags.get("env", {}).values()) and really)
 
 
 def trial_checks(run_dir: Path, part: str) -> list[dict[str, Any]]:
@@ -247,7 +256,7 @@ def summarize_checks(rows: list[dict[str, Any]], loops: dict[str, Any],
         "not_ok": [r for r in rows if r["status"] not in ("ok", "skipped")],
         "step_clock_vs_wall_max": max(agreement) if agreement else None,
         "step_clock_within_tolerance": bool(agreement) and max(agreement) <= STEP_CLOCK_TOLERANCE,
-        "tf32_flags_as_set": bool(tf32) and all(tf32),
+        "tf32_flags_as_set": all(tf32) if tf32 else None,  # None: no precision trial ran
         "multicard_images_s": multicard_images_s,
         **loops,
         "multicard / plain loop": ratio(multicard_images_s, loops.get("plain_loop_images_s")),
@@ -286,6 +295,45 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
+NEEDED = ("torch", "torchvision", "pandas", "tabulate", "matplotlib", "scipy", "filelock",
+          "pynvml", "tomli_w")
+
+
+def missing_modules() -> list[str]:
+    import importlib.util
+
+    return [name for name in NEEDED if importlib.util.find_spec(name) is None]
+
+
+def part_seconds(s: specmod.Spec, per_trial_s: float | None) -> float:
+    """A part's expected time: measured seconds per trial once a part has run, else the model."""
+    planned = specmod.plan(s)
+    if per_trial_s is None:
+        return sum(cost.trial_seconds("vision", p.params) for p in planned)
+    return per_trial_s * len(planned)
+
+
+def measured_per_trial_s(out: Path, done: list[str]) -> float | None:
+    walls = [r["wall_s"] for name in done for r in store.read(out / name / store.TRIALS_FILE)
+             if r["status"] != "skipped"]
+    return statistics.fmean(walls) if walls else None
+
+
+def finish(out: Path, done: list[str], rows: list[dict[str, Any]], loops: dict[str, Any],
+           skipped: dict[str, str]) -> dict[str, Any]:
+    """Report what has run so far, the checks, and SHA256SUMS: a run cut short stays verifiable."""
+    multicard_images_s = mean_throughput(out / "layout_loader", {"layout": "nhwc", "loader": "synthetic"}) \
+        if "layout_loader" in done else None
+    summary = {**summarize_checks(rows, loops, multicard_images_s), "parts_run": done,
+               "parts_skipped": skipped}
+    if done:
+        report.write_report([out / name for name in done], out, claim_list=None)
+    (out / "tables").mkdir(exist_ok=True)
+    write_checks(out, rows, summary)
+    artifact.write_checksums(out)
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -293,7 +341,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="run directory (default under artifact/runs/)")
     parser.add_argument("--trials", type=int, choices=range(1, 11), metavar="N",
                         help="trials per config in every part (default: 3 per precision, 2 elsewhere)")
+    parser.add_argument("--budget-s", type=float, default=TARGET_S,
+                        help="a part that would end past this many seconds is skipped and named "
+                             f"(default {TARGET_S})")
     args = parser.parse_args(argv)
+    if missing := missing_modules():
+        print(f"device_check: missing Python modules: {', '.join(missing)} (pure-Python wheels can "
+              "be carried and installed with pip --no-index)", file=sys.stderr)
+        return 2
     gpus = telemetry.visible_gpus() if args.device == "cuda" else []
     if args.device == "cuda" and not gpus and not args.dry_run:
         print("device_check: no GPU is visible here (--device cpu runs the check on CPU)",
@@ -302,35 +357,42 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or ROOT / "artifact" / "runs" / run_name(args.device, gpus)
     with_nsys = args.device == "cuda" and nsys.find_nsys() is not None
     plan = specs(parts(args.device, len(gpus), with_nsys, args.trials), out)
-    seconds = estimate_s(plan, args.device)
-    print_plan(plan, seconds, print)
+    print_plan(plan, estimate_s(plan, args.device), print)
     if args.dry_run:
         print("--dry-run: nothing started")
         return 0
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     (out / "env.json").write_text(json.dumps(artifact.capture_env(ROOT / "data"), indent=1))
-    rows: list[dict[str, Any]] = []
-    for name, s in plan.items():
-        runner.run(s, out / name, data_dir=ROOT / "data", echo=print)
-        rows += trial_checks(out / name, name)
-    compared = {"layout": "nhwc", "loader": "synthetic"}
-    multicard_images_s = mean_throughput(out / "layout_loader", compared)
+    # the reference loops first: the ratios this check exists for survive a run cut short
     loops = reference_loops(args.device, SIZES[args.device])
-    report.write_report([out / name for name in plan], out, claim_list=None)
-    summary = summarize_checks(rows, loops, multicard_images_s)
-    write_checks(out, rows, summary)
-    artifact.write_checksums(out)
+    done: list[str] = []
+    rows: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    for name, s in plan.items():
+        need = part_seconds(s, measured_per_trial_s(out, done))
+        left = args.budget_s - (time.monotonic() - started)
+        if need > left:
+            skipped[name] = (f"needs about {runner.format_duration(need)}, "
+                             f"{runner.format_duration(max(0.0, left))} of the budget left")
+            print(f"{name}: skipped ({skipped[name]})")
+            continue
+        runner.run(s, out / name, data_dir=ROOT / "data", echo=print)
+        done.append(name)
+        rows += trial_checks(out / name, name)
+        finish(out, done, rows, loops, skipped)  # after every part: a cut-short run is verifiable
+    summary = finish(out, done, rows, loops, skipped)
     print(f"multicard / plain loop: {_num(summary['multicard / plain loop'])} "
-          f"({_num(multicard_images_s)} vs {_num(loops['plain_loop_images_s'])} images/s)")
+          f"({_num(summary['multicard_images_s'])} vs {_num(loops['plain_loop_images_s'])} images/s)")
     print(f"multicard / timm: {_num(summary['multicard / timm'])}"
           + (f" ({loops['timm_unavailable']})" if loops.get("timm_unavailable") else ""))
     print(f"step clock vs wall clock: largest deviation {_pct(summary['step_clock_vs_wall_max'])}; "
-          f"TF32 flags as set: {summary['tf32_flags_as_set']}")
-    print(f"device check: {summary['ok']}/{summary['trials']} trials ok in "
-          f"{runner.format_duration(time.monotonic() - started)}; {out}")
-    passed = summary["step_clock_within_tolerance"] and summary["tf32_flags_as_set"] \
-        and not summary["not_ok"]
+          f"TF32 as set: {summary['tf32_flags_as_set']}")
+    print(f"device check: {summary['ok']}/{summary['trials']} trials ok, parts skipped: "
+          f"{', '.join(skipped) or 'none'}, in {runner.format_duration(time.monotonic() - started)}; {out}")
+    # passed only when every part ran and every check held
+    passed = summary["step_clock_within_tolerance"] and summary["tf32_flags_as_set"] is True \
+        and not summary["not_ok"] and not skipped
     return 0 if passed else 1
 
 

@@ -2,8 +2,8 @@
 
 CUDA numbers the GPUs a process may use 0..n-1 in the order of CUDA_VISIBLE_DEVICES. Its entries
 are indices into CUDA's enumeration (PCI bus order under CUDA_DEVICE_ORDER=PCI_BUS_ID, which the
-launcher sets) or UUIDs (`GPU-...`, a unique prefix is enough), and the list ends at the first
-entry that names no device (or names one twice). Slurm and shared nodes set it ("2,3"), so local
+launcher sets) or UUIDs (`GPU-...`, a unique prefix is enough); `visible()` reads it exactly as
+CUDA does. Slurm and shared nodes set it ("2,3"), so local
 rank r is NVML device r only by accident: every per-GPU lookup (NUMA node, utilisation, energy,
 memory) goes through `visible()` and then through the GPU's UUID or PCI bus id, never through r.
 
@@ -13,6 +13,7 @@ per-GPU counters would count the whole GPU.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,38 +43,58 @@ def pci_order(gpus: Sequence[GpuIdentity]) -> list[GpuIdentity]:
 
 def visible(gpus: Sequence[GpuIdentity], cuda_visible_devices: str | None,
             device_order: str | None = "PCI_BUS_ID") -> list[GpuIdentity]:
-    """The GPUs CUDA shows this process, in CUDA index order (CUDA device i = result[i])."""
+    """The GPUs CUDA shows this process, in CUDA index order (CUDA device i = result[i]).
+
+    Read as CUDA reads it (and as torch.cuda's own parser mirrors it): a list that starts with
+    `GPU-` is a list of UUIDs (unique prefixes allowed) and ends at the first entry that is not
+    one or matches no GPU; otherwise each entry is an ordinal read like strtoul ("1gpu" is 1),
+    and the list ends at the first that is negative, unparsable or out of range. A repeated entry
+    empties the whole list. A MIG list (`MIG-...`) is refused."""
     ordered = pci_order(gpus)
     if cuda_visible_devices is None:
         return ordered
+    entries = cuda_visible_devices.split(",")
+    if cuda_visible_devices.strip().upper().startswith("MIG-"):
+        raise DeviceMappingError(
+            f"CUDA_VISIBLE_DEVICES names MIG instances ({entries[0].strip()}): multicard measures "
+            "whole GPUs (NUMA node, NVML utilisation, energy and memory are per GPU); give GPU "
+            "indices or GPU-... UUIDs")
+    by_uuid = cuda_visible_devices.startswith("GPU-")
     chosen: list[GpuIdentity] = []
-    for raw in cuda_visible_devices.split(","):
-        entry = raw.strip()
-        if entry.upper().startswith("MIG-"):
-            raise DeviceMappingError(
-                f"CUDA_VISIBLE_DEVICES names a MIG instance ({entry}): multicard measures whole "
-                "GPUs (NUMA node, NVML utilisation, energy and memory are per GPU); give GPU "
-                "indices or GPU-... UUIDs")
-        gpu = _lookup(entry, ordered, device_order)
-        if gpu is None or gpu in chosen:  # CUDA ignores this entry and everything after it
+    for entry in entries:
+        gpu = _by_uuid(entry, ordered) if by_uuid else _by_ordinal(entry, ordered, device_order)
+        if gpu is None:
             break
+        if gpu in chosen:  # CUDA: a repeated device makes the whole list empty
+            return []
         chosen.append(gpu)
     return chosen
 
 
-def _lookup(entry: str, ordered: list[GpuIdentity], device_order: str | None) -> GpuIdentity | None:
-    if entry.isdigit():
-        if (device_order or "FASTEST_FIRST") != "PCI_BUS_ID" and len({g.name for g in ordered}) > 1:
-            raise DeviceMappingError(
-                f"CUDA_DEVICE_ORDER={device_order or 'FASTEST_FIRST (unset)'} with GPUs of "
-                "different models: which GPU CUDA index "
-                f"{entry} is cannot be known; set CUDA_DEVICE_ORDER=PCI_BUS_ID")
-        index = int(entry)
-        return ordered[index] if index < len(ordered) else None
-    if entry.upper().startswith("GPU-"):
-        matches = [g for g in ordered if g.uuid and g.uuid.lower().startswith(entry.lower())]
-        return matches[0] if len(matches) == 1 else None
-    return None
+def _by_uuid(entry: str, ordered: list[GpuIdentity]) -> GpuIdentity | None:
+    if not entry.startswith("GPU-"):
+        return None
+    matches = [g for g in ordered if g.uuid and g.uuid.lower().startswith(entry.lower())]
+    return matches[0] if len(matches) == 1 else None
+
+
+def _strtoul(text: str) -> int:
+    """The leading integer of `text` as C's strtoul reads it ("1gpu" -> 1); -1 when there is none
+    or it is negative."""
+    match = re.match(r"[+-]?\d+", text)
+    return int(match.group(0)) if match else -1
+
+
+def _by_ordinal(entry: str, ordered: list[GpuIdentity], device_order: str | None) -> GpuIdentity | None:
+    index = _strtoul(entry.strip())
+    if index < 0 or index >= len(ordered):
+        return None
+    if (device_order or "FASTEST_FIRST") != "PCI_BUS_ID" and len({g.name for g in ordered}) > 1:
+        raise DeviceMappingError(
+            f"CUDA_DEVICE_ORDER={device_order or 'FASTEST_FIRST (unset)'} with GPUs of different "
+            f"models: which GPU CUDA index {index} is cannot be known; set "
+            "CUDA_DEVICE_ORDER=PCI_BUS_ID")
+    return ordered[index]
 
 
 def of_local_rank(gpus: Sequence[GpuIdentity], local_rank: int,

@@ -98,12 +98,32 @@ def set_parent_death_signal(parent_pid: int, sig: int = signal.SIGKILL) -> None:
 
 
 def find_agent(ancestors: Sequence[tuple[int, list[str]]]) -> int | None:
-    """The pid of torchrun's agent among a rank's ancestors (nearest first), from their argv."""
+    """The pid of torchrun's agent among a rank's ancestors (nearest first), from their argv:
+    `torchrun ...`, `python [options] /path/torchrun ...` or `python [options] -m
+    torch.distributed.run ...`."""
     for pid, argv in ancestors:
-        names = [Path(a).name for a in argv[:3]]  # the program, or `python -m module`
-        if any(n in AGENT_MARKERS for n in names):
+        if _program(argv) in AGENT_MARKERS:
             return pid
     return None
+
+
+def _program(argv: list[str]) -> str:
+    """What an argv runs: the module after `-m`, the script after the interpreter's options, or
+    the executable itself."""
+    name = Path(argv[0]).name if argv else ""
+    if not name.startswith("python"):
+        return name
+    rest = iter(argv[1:])
+    for arg in rest:
+        if arg == "-m":
+            return next(rest, "")
+        if arg in ("-X", "-W", "-c"):  # options that take a value (-c: not a program we know)
+            if arg == "-c":
+                return ""
+            next(rest, None)
+        elif not arg.startswith("-"):
+            return Path(arg).name
+    return name
 
 
 def ancestors(pid: int, limit: int = 8) -> list[tuple[int, list[str]]]:
@@ -130,8 +150,9 @@ def die_with_agent() -> str:
     between (nsys forks the rank from a helper thread that may exit at any time; numactl execs
     and so does not count) a thread waits on a pidfd of the agent instead."""
     agent = find_agent(ancestors(os.getpid()))
-    if agent is None:
-        return "none (no torchrun agent among the ancestors)"
+    if agent is None:  # started some other way: the direct parent is all we know
+        set_parent_death_signal(os.getppid())
+        return "pdeathsig (parent; no torchrun agent among the ancestors)"
     if agent == os.getppid():
         set_parent_death_signal(agent)
         return "pdeathsig"

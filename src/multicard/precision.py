@@ -66,3 +66,31 @@ def apply_tf32(policy: PrecisionPolicy) -> dict[str, bool]:
         "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
     }
+
+
+# Relative error of an fp32 matmul/convolution against float64, by what the math ran in: about
+# 1e-6 in IEEE float32, about 1e-3 in TF32 (10-bit mantissa). The threshold sits between.
+TF32_ERROR_THRESHOLD = 1e-4
+
+
+def measure_tf32(device: torch.device) -> dict[str, float | bool] | None:
+    """Whether cuBLAS and cuDNN really computed in TF32, from the error of one fp32 matmul and
+    one convolution against float64. The flags read back only say what was asked: an
+    environment variable such as NVIDIA_TF32_OVERRIDE acts inside the libraries. None on CPU."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    generator = torch.Generator(device=device).manual_seed(0)
+    a, b = (torch.randn(512, 512, device=device, generator=generator) for _ in range(2))
+    x = torch.randn(8, 64, 32, 32, device=device, generator=generator)
+    w = torch.randn(64, 64, 3, 3, device=device, generator=generator)
+    matmul = _relative_error(a @ b, a.double() @ b.double())
+    conv = _relative_error(torch.nn.functional.conv2d(x, w, padding=1),
+                           torch.nn.functional.conv2d(x.double(), w.double(), padding=1))
+    return {"matmul_rel_error": matmul, "matmul_tf32": matmul > TF32_ERROR_THRESHOLD,
+            "conv_rel_error": conv, "conv_tf32": conv > TF32_ERROR_THRESHOLD}
+
+
+def _relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((value.double() - reference).abs().max() / reference.abs().max())

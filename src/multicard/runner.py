@@ -235,8 +235,8 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
     t0 = time.monotonic()
     trial_gpus = telemetry.visible_gpus()[:int(settings["gpus"])] \
         if settings["device"] == "cuda" else []
-    returncode, timed_out, sampled = _execute(argv, env, trial_dir, spec.timeout_s,
-                                              kind.sample_memory, trial_gpus)
+    returncode, timed_out, sampled, not_sampled = _execute(argv, env, trial_dir, spec.timeout_s,
+                                                           kind.sample_memory, trial_gpus)
     wall = time.monotonic() - t0
     stderr_text = _tail(trial_dir / "stderr.log")
     result = kind.result(trial_dir, settings)
@@ -259,7 +259,8 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
         "wall_s": round(wall, 3),
         "metrics": {**result["metrics"], **sampled} if result and status == "ok" else {},
         # metric -> why it is null (never 0 for "not measured")
-        "unmeasured": result.get("unmeasured", {}) if result and status == "ok" else {},
+        "unmeasured": {**result.get("unmeasured", {}), **not_sampled}
+        if result and status == "ok" else {},
         "cleared_env": cleared,
         "trace_metrics": traces,
         # LLM trials on random weights: time and memory are valid, the loss means nothing
@@ -301,10 +302,11 @@ def collect_traces(trial_dir: Path, out: Path) -> dict[str, dict[str, Any]]:
 
 def _execute(argv: list[str], env: dict[str, str], trial_dir: Path, timeout_s: float,
              sample_memory: bool, gpus: list[devices.GpuIdentity]
-             ) -> tuple[int | None, bool, dict[str, Any]]:
+             ) -> tuple[int | None, bool, dict[str, Any], dict[str, str]]:
     """Run argv in its own session; on timeout kill the whole process group.
 
-    Returns (exit status, timed out, memory metrics sampled from outside when asked)."""
+    Returns (exit status, timed out, memory metrics sampled from outside when asked, why any of
+    them is null)."""
     runner_pid = os.getpid()
     # before the launch: the memory others hold on the trial's GPUs is read here
     sampler = telemetry.TrialMemorySampler(gpus) if sample_memory else None
@@ -315,13 +317,16 @@ def _execute(argv: list[str], env: dict[str, str], trial_dir: Path, timeout_s: f
         )
         try:
             with sampler.watch(proc.pid) if sampler else contextlib.nullcontext():
-                return proc.wait(timeout=timeout_s), False, sampler.metrics() if sampler else {}
+                returncode = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             kill_group(proc)
-            return proc.returncode, True, {}
+            return proc.returncode, True, {}, {}
         except BaseException:  # Ctrl-C or an error here: leave no orphaned ranks behind
             kill_group(proc)
             raise
+    if sampler is None:
+        return returncode, False, {}, {}
+    return returncode, False, sampler.metrics(), sampler.unmeasured()
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:

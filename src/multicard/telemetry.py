@@ -118,8 +118,8 @@ def rank_device_bytes(gpu: devices.GpuIdentity) -> tuple[int | None, str | None]
 class TrialMemorySampler:
     """Peak memory of a running trial, sampled from outside every `period_s`.
 
-    `peak_process_mem_bytes`: the summed resident set of every process in the trial's process
-    group (/proc). `peak_device_mem_bytes`: device memory of the trial on the trial's GPUs (the
+    `peak_process_mem_bytes`: the summed resident set of the trial's launcher and every process
+    below it (/proc). `peak_device_mem_bytes`: device memory of the trial on the trial's GPUs (the
     first `gpus` that CUDA shows it), counted as `trial_device_bytes` says; includes what the
     framework does not see (CUDA contexts, NCCL buffers). `peak_device_mem_source` says how.
     Build it before the launch: that is when the GPUs' memory in use by others is read.
@@ -127,17 +127,24 @@ class TrialMemorySampler:
 
     def __init__(self, gpus: list[devices.GpuIdentity], period_s: float = 0.25) -> None:
         self.gpus, self.period_s = gpus, period_s
-        self.pgid = 0
+        self.root = 0
         self.peak_rss = 0
         self.peaks: dict[str, int] = {}
+        self.device_error: str | None = None  # why device memory stopped being sampled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._nvml: Any = _nvml_or_none() if gpus else None
-        self._handles = [devices.nvml_handle(self._nvml, g) for g in gpus] if self._nvml else []
-        self.used_before = self._sample()[1]
+        self._handles: list[Any] = []
+        self.used_before = 0
+        if self._nvml:
+            try:
+                self._handles = [devices.nvml_handle(self._nvml, g) for g in gpus]
+                self.used_before = self._sample()[1]
+            except self._nvml.NVMLError as exc:  # e.g. NOT_SUPPORTED inside a sandbox
+                self._handles, self.device_error = [], f"NVML: {exc}"
 
-    def watch(self, pgid: int) -> TrialMemorySampler:
-        self.pgid = pgid
+    def watch(self, root_pid: int) -> TrialMemorySampler:
+        self.root = root_pid
         return self
 
     def __enter__(self) -> TrialMemorySampler:
@@ -160,12 +167,17 @@ class TrialMemorySampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
-            group = group_processes(self.pgid)
-            self.peak_rss = max(self.peak_rss, sum(group.values()))
-            if self._handles:
+            tree = process_tree(self.root)
+            self.peak_rss = max(self.peak_rss, sum(tree.values()))
+            if not self._handles:
+                continue
+            try:
                 processes, used = self._sample()
-                value, source = trial_device_bytes(processes, set(group), used, self.used_before)
-                self.peaks[source] = max(self.peaks.get(source, 0), value)
+            except self._nvml.NVMLError as exc:
+                self._handles, self.device_error = [], f"NVML: {exc}"
+                continue
+            value, source = trial_device_bytes(processes, set(tree), used, self.used_before)
+            self.peaks[source] = max(self.peaks.get(source, 0), value)
 
     def metrics(self) -> dict[str, int | str | None]:
         source = "per-process" if "per-process" in self.peaks else \
@@ -173,6 +185,21 @@ class TrialMemorySampler:
         return {"peak_process_mem_bytes": self.peak_rss or None,
                 "peak_device_mem_bytes": self.peaks[source] if source else None,
                 "peak_device_mem_source": source}
+
+    def unmeasured(self) -> dict[str, str]:
+        """Why a sampled metric is null."""
+        reasons = {}
+        if not self.peaks:
+            if not self.gpus:
+                why = "CPU run: no GPU"
+            elif not self._nvml:
+                why = "NVML unavailable (no driver or library)"
+            else:
+                why = self.device_error or "no sample was taken (the trial ended first)"
+            reasons["peak_device_mem_bytes"] = why
+        if not self.peak_rss:
+            reasons["peak_process_mem_bytes"] = "no sample was taken (the trial ended first)"
+        return reasons
 
 
 def _nvml_or_none() -> Any:
@@ -185,25 +212,43 @@ def _nvml_or_none() -> Any:
         return None
 
 
-def group_processes(pgid: int) -> dict[int, int]:
-    """pid -> RSS bytes of the processes whose process group is `pgid`."""
+def process_tree(root: int) -> dict[int, int]:
+    """pid -> RSS bytes of `root` and every process below it (/proc, one pass).
+
+    A trial's ranks are not in its process group: torchrun starts every rank in a session of its
+    own, so the tree of parent links is what finds them (and their DataLoader workers)."""
     import os
     from pathlib import Path
 
     page = os.sysconf("SC_PAGE_SIZE")
-    found = {}
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:  # fields after the name: state, ppid, pgrp, ...
-                found[int(entry.name)] = int((entry / "statm").read_text().split()[1]) * page
-        except (OSError, IndexError, ValueError):
+            parents[int(entry.name)] = int(fields[1])  # fields after the name: state, ppid, ...
+            rss[int(entry.name)] = int((entry / "statm").read_text().split()[1]) * page
+        except (OSError, IndexError, ValueError):  # gone meanwhile
             continue
+    return {pid: rss[pid] for pid in descendants(root, parents) if pid in rss}
+
+
+def descendants(root: int, parents: dict[int, int]) -> set[int]:
+    """`root` and every pid whose chain of parents reaches it."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
     return found
 
 
-def group_rss_bytes(pgid: int) -> int:
-    """Summed RSS of the processes whose process group is `pgid`."""
-    return sum(group_processes(pgid).values())
+def tree_rss_bytes(root: int) -> int:
+    """Summed RSS of `root` and its descendants."""
+    return sum(process_tree(root).values())

@@ -21,10 +21,27 @@ def test_dry_run_prints_the_plan_and_its_estimate() -> None:
                           text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("precision: 15 trials, estimated ")
-    assert lines[1].startswith("layout_loader: 8 trials") and lines[2].startswith("pin_memory: 4 trials")
+    assert lines[0].startswith("layout_loader: 8 trials, estimated ")
+    assert lines[1].startswith("precision: 15 trials") and lines[2].startswith("pin_memory: 4 trials")
     assert any(line.startswith("total: estimated ") for line in lines)
     assert lines[-1] == "--dry-run: nothing started"
+
+
+def test_parts_that_would_overrun_the_budget_are_skipped_and_named(tmp_path: Path) -> None:
+    out = tmp_path / "short"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--trials", "1",
+                           "--budget-s", "60", "--out", str(out)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600)
+    summary = json.loads((out / "device_check.json").read_text())["summary"]
+    # the 4 trials of the first part fit; then the measured time per trial says 5 more do not
+    assert summary["parts_run"][0] == "layout_loader" and "precision" in summary["parts_skipped"]
+    assert set(summary["parts_run"]) | set(summary["parts_skipped"]) == {
+        "layout_loader", "precision", "pin_memory"}
+    assert "of the budget left" in summary["parts_skipped"]["precision"]
+    assert summary["plain_loop_images_s"] > 0 and summary["multicard / plain loop"] > 0
+    assert artifact.verify(out).ok
+    assert done.returncode == 1  # not every part ran: the check is not passed
+    assert "parts skipped: precision" in done.stdout
 
 
 def test_the_check_runs_on_cpu_into_a_verifiable_run(tmp_path: Path) -> None:

@@ -34,6 +34,9 @@ def test_lora_recipe_run_is_parsed_from_its_own_metric_log(tmp_path: Path) -> No
     assert m["steps"] == 5 and m["step_time_median_s"] > 0 and m["tokens_per_s_per_gpu"] > 0
     assert m["peak_process_mem_bytes"] > 100 * 2**20
     assert m["peak_mem_active_bytes"] is None  # torchtune does not report memory on CPU
+    assert record["unmeasured"]["peak_mem_active_bytes"] == "torchtune logs no device memory on CPU"
+    assert m["peak_device_mem_bytes"] is None and record["unmeasured"]["peak_device_mem_bytes"] == \
+        "CPU run: no GPU"
     stderr = (trial / "stderr.log").read_text()
     assert "multicard: StatefulDataLoader pin_memory=True (MULTICARD_PIN_MEMORY)" in stderr
     assert (data / "llm" / "weights" / "random-tiny-seed0" / "consolidated.00.pth").exists()

@@ -67,6 +67,7 @@ def test_result_records_ranks_flags_and_test_set(finished_run: Path) -> None:
     assert result["world_size"] == 2 and [r["rank"] for r in result["ranks"]] == [0, 1]
     assert len({r["pid"] for r in result["ranks"]}) == 2
     assert result["tf32_flags"] == {"cuda_matmul_allow_tf32": False, "cudnn_allow_tf32": False,
+                                    "measured": None,  # CPU: no TF32 to measure
                                     "env": {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": None,
                                             "NVIDIA_TF32_OVERRIDE": None}}
     assert record["cleared_env"] == {"NVIDIA_TF32_OVERRIDE": "0"}  # what the caller had

@@ -21,8 +21,14 @@ def indices(visible: str | None, order: str | None = "PCI_BUS_ID") -> list[int]:
     ("visible", "expected"),
     [(None, [1, 2, 0]),  # PCI bus order: 1b, 43, c3
      ("0", [1]), ("2,0", [0, 1]), (" 1 , 0 ", [2, 1]),
-     ("GPU-43fe", [2]), ("GPU-d3c1aa00-0000,1", [0, 2]), ("gpu-1B2B", [1]),
-     ("", []), ("-1", []), ("0,5,1", [1]), ("0,0,1", [1]), ("GPU-", [])],
+     ("1gpu,2ampere", [2, 0]), ("+1", [2]),  # ordinals read like strtoul
+     ("GPU-43fe", [2]), ("GPU-d3c1aa00-0000,GPU-1b2b", [0, 1]),
+     ("GPU-43fe,1", [2]),  # a UUID list ends at the first entry that is not a UUID
+     ("0,GPU-43fe", [1]),  # an ordinal list ends at the first entry that is not an ordinal
+     ("gpu-1B2B", []),  # the GPU- prefix is case-sensitive, as in CUDA
+     ("", []), ("-1", []), ("0,-1,2", [1]), ("0,5,1", [1]),
+     ("0,0,1", []), ("GPU-43fe,GPU-43fe", []),  # a repeated device empties the whole list
+     ("GPU-", [])],  # matches every UUID: ambiguous, nothing
 )
 def test_visible_devices_in_cuda_index_order(visible: str | None, expected: list[int]) -> None:
     assert indices(visible) == expected
@@ -34,8 +40,10 @@ def test_a_ranks_gpu_is_cuda_device_local_rank() -> None:
 
 
 def test_mig_instances_are_refused() -> None:
-    with pytest.raises(devices.DeviceMappingError, match="MIG instance"):
+    with pytest.raises(devices.DeviceMappingError, match="MIG instances"):
         indices("MIG-GPU-d3c1aa00-0000/1/0")
+    with pytest.raises(devices.DeviceMappingError, match="MIG instances"):
+        indices("MIG-4b2f7e1c-9a3d-5e88-b2a1-3c1d0f9e8a77")
 
 
 def test_indices_without_pci_order_are_refused_only_where_they_are_ambiguous() -> None:

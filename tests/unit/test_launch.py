@@ -79,7 +79,11 @@ def test_torchruns_agent_is_found_among_a_ranks_ancestors() -> None:
     assert launch.find_agent([nsys, agent, runner]) == 4000  # a wrapper in between
     assert launch.find_agent([(4200, ["/usr/bin/torchrun", "--nproc-per-node=4"])]) == 4200
     assert launch.find_agent([(4300, [python, "/opt/venv/bin/torchrun", "-m", "x"])]) == 4300
+    assert launch.find_agent([(4400, [python, "-u", "-X", "dev", "-m", "torch.distributed.run"])]) == 4400
     assert launch.find_agent([runner, (1, ["/sbin/init"])]) is None
+    # a program that merely mentions torchrun among its arguments is not the agent
+    assert launch.find_agent([(4500, [python, "tool.py", "--launcher", "torchrun"]),
+                              (4600, ["/bin/sh", "-c", "torchrun x"])]) is None
 
 
 @pytest.mark.slow

@@ -31,6 +31,23 @@ def test_a_ranks_own_memory_or_the_reason_it_cannot_be_read() -> None:
         None, "NVML does not report per-process memory on this system")
 
 
-def test_the_process_group_is_found_in_proc() -> None:
-    group = telemetry.group_processes(os.getpgrp())
-    assert os.getpid() in group and group[os.getpid()] > 0
+def test_a_trials_processes_are_its_launchers_tree_not_its_process_group() -> None:
+    # torchrun starts each rank in a session of its own: only parent links find them
+    parents = {10: 1, 11: 10, 12: 11, 13: 11, 14: 12, 20: 1, 21: 20}
+    assert telemetry.descendants(10, parents) == {10, 11, 12, 13, 14}
+    assert telemetry.descendants(21, parents) == {21}
+
+
+def test_a_real_child_in_its_own_session_is_in_the_tree() -> None:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             start_new_session=True)
+    try:
+        tree = telemetry.process_tree(os.getpid())
+        assert os.getpid() in tree and child.pid in tree and tree[child.pid] > 0
+        assert os.getpgid(child.pid) != os.getpgrp()
+    finally:
+        child.kill()
+        child.wait()

@@ -61,6 +61,7 @@ class LoaderConfig:
 
 class Loader(Protocol):
     steps_per_epoch: int
+    samples_per_rank: int  # per epoch: every batch is full but the last
     pin_memory: bool  # as actually used (only with a CUDA device)
 
     def epoch(self, epoch: int) -> Iterator[Batch]:

@@ -57,6 +57,7 @@ class DaliLoader:
             [pipe], ["images", "index"], reader_name="Reader",
             last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True, prepare_first_batch=False)
         self.steps_per_epoch = len(self.iterator)
+        self.samples_per_rank = len(files) // config.world  # equal shards (trimmed above)
 
     def epoch(self, epoch: int) -> Iterator[Batch]:
         # Running to the end of the iterator is what resets it (auto_reset) for the next epoch.
@@ -64,9 +65,10 @@ class DaliLoader:
             images = outputs[0]["images"]
             if self.config.layout == "nhwc":
                 images = images.permute(0, 3, 1, 2)  # an NCHW view with channels_last strides
+            # On CUDA the indices come out of the pipeline on the GPU: a blocking copy of a CPU
+            # output here would wait for the queued training step and charge it to data wait.
             indices = outputs[0]["index"].squeeze(-1).to(torch.int64)
-            labels = self.labels_by_index[indices.to(self.config.device)]
-            yield images, labels, indices
+            yield images, self.labels_by_index[indices], indices
 
     def to_device(self, batch: Batch) -> Batch:
         return batch  # made on the device (on the CPU in a CPU run)
@@ -91,6 +93,6 @@ def _pipeline(batch_size: int, num_threads: int, device_id: int | None, seed: in
         images = fn.crop_mirror_normalize(
             images, dtype=types.FLOAT, output_layout=layout,
             mean=[MEAN * 255.0] * 3, std=[STD * 255.0] * 3)
-        return images, index
+        return images, index.gpu() if decoder == "mixed" else index
 
     return scenario_b()

@@ -19,6 +19,7 @@ class SyntheticLoader:
     def __init__(self, config: LoaderConfig) -> None:
         dataset = training_subset(config, make_dataset(config, config.split))
         per_rank = math.ceil(len(dataset) / config.world)  # type: ignore[arg-type]
+        self.samples_per_rank = per_rank
         self.steps_per_epoch = math.ceil(per_rank / config.batch_size)
         self.last_size = per_rank - (self.steps_per_epoch - 1) * config.batch_size
         size = min(config.batch_size, len(dataset))  # type: ignore[arg-type]

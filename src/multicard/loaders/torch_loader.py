@@ -34,6 +34,7 @@ class TorchLoader:
             persistent_workers=config.persistent_workers and workers,
         )
         self.steps_per_epoch = len(self.loader)
+        self.samples_per_rank = len(self.sampler)
         # two events per copy, made once: none are created or destroyed inside the timed epochs
         self.copies = EventPool(2 * self.steps_per_epoch,
                                 lambda: torch.cuda.Event(enable_timing=True)) if self.cuda else None

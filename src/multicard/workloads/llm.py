@@ -211,5 +211,20 @@ def collect(trial_dir: Path, settings: Mapping[str, Value]) -> dict[str, Any] | 
     steps = [s for log in logs for s in parse_metric_log(log.read_text(errors="replace"))]
     if not steps:
         return None
-    return {"metrics": metrics(steps, int(settings["warmup_steps"])), "steps_logged": len(steps),
-            "logs": [p.name for p in logs], "random_weights": settings["weights"] == "random"}
+    measured = metrics(steps, int(settings["warmup_steps"]))
+    return {"metrics": measured, "unmeasured": unmeasured(measured, settings),
+            "steps_logged": len(steps), "logs": [p.name for p in logs],
+            "random_weights": settings["weights"] == "random"}
+
+
+def unmeasured(measured: Mapping[str, Any], settings: Mapping[str, Value]) -> dict[str, str]:
+    """Why each null metric of the recipe's log is null."""
+    reasons = {}
+    for key in ("peak_mem_active_bytes", "peak_mem_reserved_bytes"):
+        if measured.get(key) is None:
+            reasons[key] = ("torchtune logs no device memory on CPU" if settings["device"] == "cpu"
+                            else "the recipe's log has no peak memory fields")
+    for key in ("step_time_median_s", "tokens_per_s_per_gpu", "final_loss"):
+        if measured.get(key) is None:
+            reasons[key] = "too few logged steps after the warm-up steps"
+    return reasons

@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Subset  # noqa: E402
 from multicard import devices, numa, params, precision  # noqa: E402
 from multicard.data import mnist, scenario_b  # noqa: E402
 from multicard.launch import DROPPED_ENV, die_with_agent  # noqa: E402
-from multicard.loaders import LOADERS, LoaderConfig, sample_indices  # noqa: E402
+from multicard.loaders import LOADERS, LoaderConfig  # noqa: E402
 from multicard.loaders.datasets import collate_for, finish_on_device, make_dataset  # noqa: E402
 from multicard.profiling import TRACE_MODES  # noqa: E402
 from multicard.profiling.capture import TRACERS, NoTracer, TraceConfig, Tracer  # noqa: E402
@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     timeline["dist_ready"] = time.time()
 
     policy = precision.PRECISIONS[args.precision]
-    tf32_flags = {**precision.apply_tf32(policy),
+    # what was asked, what the libraries really did, and the override variables the rank saw
+    tf32_flags = {**precision.apply_tf32(policy), "measured": precision.measure_tf32(device),
                   "env": {name: os.environ.get(name) for name in DROPPED_ENV}}
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     param_dtype = precision.torch_dtype(policy.param_dtype)
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
             model = model.to(memory_format=torch.channels_last)
         ddp = DDP(model, device_ids=[local_rank] if cuda else None)
         timeline["model_ready"] = time.time()
-        warmed = warmup_batch_sizes(samples_per_rank(train_config), args.batch_size) \
+        warmed = warmup_batch_sizes(loader.samples_per_rank, args.batch_size) \
             if args.warmup_steps else []
         optimizer, scaler = warm_up(ddp, model, args, train_config, model_input, autocast, policy,
                                     warmed)
@@ -281,14 +282,6 @@ def loader_config(args: argparse.Namespace, split: str, rank: int, world: int,
         dali_affinity=args.dali_affinity, device=device,
         host_dtype=precision.input_dtype(policy) if args.cast == "host" else "float32",
     )
-
-
-def samples_per_rank(config: LoaderConfig) -> int:
-    """How many samples each rank trains on per epoch (the loaders trim to a multiple of world)."""
-    if config.epoch_samples:
-        return config.epoch_samples // config.world
-    total = len(make_dataset(config, config.split))  # type: ignore[arg-type]
-    return len(sample_indices(total, 0, 0, config.seed, config.world)) // config.world
 
 
 def agree_on_steps(steps: int, device: torch.device) -> int:

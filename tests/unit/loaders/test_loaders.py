@@ -163,3 +163,12 @@ def test_scenario_a_through_the_torch_loader() -> None:
     assert [b[0].shape for b in batches] == [(32, 3, 32, 32)] * 2
     assert sorted(int(i) for b in batches for i in b[2]) == list(range(64))
     assert np.isclose(float(batches[0][0].mean()), 0.0, atol=1.0)
+
+
+@pytest.mark.parametrize("epoch_samples", [0, 48, 150, 10_000])
+def test_every_loader_says_how_many_samples_a_rank_trains_on(tree: Path, epoch_samples: int) -> None:
+    # a budget at or above the dataset's size keeps the whole (trimmed) set: a short last batch
+    for name in ("torch", "dali", "synthetic"):
+        loader = LOADERS[name](config(tree, world=2, epoch_samples=epoch_samples))
+        sizes = [len(labels) for _, labels, _ in (loader.to_device(b) for b in loader.epoch(0))]
+        assert loader.samples_per_rank == sum(sizes), name
