@@ -9,6 +9,7 @@ sessions share one venv, `.nox/dev`, built with the dev pins of pyproject.toml (
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,8 +37,20 @@ def dev_python(session: nox.Session) -> str:
     return str(python)
 
 
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # nox then sends SIGTERM to the command it runs and waits for it
+
+
+# Slurm's scancel and pre-emption, and a closed terminal, stop nox with SIGTERM or SIGHUP; by
+# default Python would die at once and leave `multicard run` and its trial running.
+signal.signal(signal.SIGTERM, _stop)
+signal.signal(signal.SIGHUP, _stop)
+# how long nox waits for `multicard run` to end its trial and record it before a SIGKILL
+STOP_WAIT_S = 30.0
+
+
 def multicard(session: nox.Session, python: str, *args: str) -> None:
-    session.run(python, "-m", "multicard", *args)
+    session.run(python, "-m", "multicard", *args, terminate_timeout=STOP_WAIT_S)
 
 
 def stamp() -> str:
@@ -142,7 +155,8 @@ def device_check(session: nox.Session) -> None:
     """benchmarks/device_check.py: one GPU, under 8 minutes, into artifact/runs/<gpu>-device-check-<UTC>/;
     `-- --dry-run` prints the plan, `-- --device cpu` runs it on CPU."""
     python = dev_python(session)
-    session.run(python, str(ROOT / "benchmarks" / "device_check.py"), *session.posargs)
+    session.run(python, str(ROOT / "benchmarks" / "device_check.py"), *session.posargs,
+                terminate_timeout=STOP_WAIT_S)
 
 
 # The paper's experiments in the order `reproduce` runs them: (experiment, profile).

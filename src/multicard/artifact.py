@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import socket
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -36,13 +37,40 @@ _SUM_LINE = re.compile(r"^(\\?)([0-9a-f]{64}) [ *](.+)$")
 # --- checksums ------------------------------------------------------------------------------
 
 def _listed_files(root: Path, sums_name: str = SUMS_FILE, ignore: tuple[str, ...] = ()) -> list[str]:
-    files = []
-    for path in root.rglob("*"):
-        if path.is_file() and not path.is_symlink() and not path.name.endswith(LOCK_SUFFIX):
+    return scan(root, sums_name, ignore)[0]
+
+
+def scan(root: Path, sums_name: str = SUMS_FILE, ignore: tuple[str, ...] = ()
+         ) -> tuple[list[str], list[str]]:
+    """(regular files, entries that are not) under `root`, without following any link.
+
+    Only regular files are listed. A symbolic link (to a file, or to a folder anywhere), a FIFO,
+    a socket or a device is named as unsafe: a checksum over its target would vouch for a file
+    outside the run, and reading a FIFO or device could block or change state."""
+    files, unsafe = [], []
+    for folder, subfolders, names in os.walk(root):  # followlinks=False: links are not entered
+        for name in [*subfolders, *names]:
+            path = Path(folder) / name
             rel = path.relative_to(root).as_posix()
-            if rel != sums_name and rel not in ignore:
-                files.append(rel)
-    return sorted(files)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISDIR(mode):
+                continue
+            if stat.S_ISREG(mode):
+                if rel != sums_name and rel not in ignore and not name.endswith(LOCK_SUFFIX):
+                    files.append(rel)
+            else:
+                unsafe.append(f"{rel} ({_kind(path, mode)})")
+    return sorted(files), sorted(unsafe)
+
+
+def _kind(path: Path, mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return f"symbolic link -> {path.readlink()}"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "device file" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -72,6 +100,18 @@ def _unescape(name: str) -> str:
     return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), name)
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a full disk or a kill mid-write leaves the old file (or
+    none), never an empty or half-written one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_checksums(root: Path) -> Path:
     """Hash every file under `root` (except SHA256SUMS and locks) into root/SHA256SUMS."""
     lines = []
@@ -79,9 +119,7 @@ def write_checksums(root: Path) -> Path:
         mark, name = _escape(rel)
         lines.append(f"{mark}{sha256_file(root / rel)}  {name}\n")
     target = root / SUMS_FILE
-    tmp = target.with_name(SUMS_FILE + ".tmp")
-    tmp.write_text("".join(lines), encoding="utf-8")
-    tmp.replace(target)
+    write_text_atomic(target, "".join(lines))
     return target
 
 
@@ -124,11 +162,14 @@ def verify(root: Path, sums_name: str = SUMS_FILE, ignore: tuple[str, ...] = ())
     """Compare every file under `root` with the sums file; `ignore` lists files not covered."""
     result = VerifyResult()
     sums = root / sums_name
+    present_list, result.unsafe = scan(root, sums_name, ignore)
+    if sums.is_symlink() or (sums.exists() and not sums.is_file()):
+        return result  # named by scan(): a sums file that is a link vouches for nothing
     if not sums.is_file():
         result.missing.append(sums_name)
         return result
     listed, result.malformed = read_checksums(sums)
-    present = set(_listed_files(root, sums_name, ignore))
+    present = set(present_list)
     for rel, expected in sorted(listed.items()):
         if rel not in present:
             result.missing.append(rel)

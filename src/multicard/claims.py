@@ -138,7 +138,10 @@ def load(path: Path) -> list[Claim]:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise InputError(f"{path}: not a readable claims file ({exc})") from None
-    claims = [_claim(path, entry) for entry in doc.get("claim", [])]
+    if set(doc) != {"claim"} or not isinstance(doc["claim"], list):
+        raise InputError(f"{path}: not a claims file: expected only [[claim]] tables "
+                         f"(experiments/claims.toml), got {', '.join(sorted(doc)) or 'nothing'}")
+    claims = [_claim(path, entry) for entry in doc["claim"]]
     ids = [c.id for c in claims]
     if len(set(ids)) != len(ids):
         raise InputError(f"{path}: [[claim]].id: expected unique ids, got {ids}")
@@ -313,8 +316,8 @@ def _outcome(claim: Claim, runs: list[Results]) -> Verdict:
     for run in runs:
         for record in run.records:
             settings = {**run.spec.fixed, **record["config"]}
-            if record.get("experiment") == run.spec.name and all(
-                    settings.get(k) in _levels(v) for k, v in claim.compare.items()):
+            if record.get("experiment") == run.spec.name and record.get("status") != "interrupted" \
+                    and all(settings.get(k) in _levels(v) for k, v in claim.compare.items()):
                 by_config.setdefault(str(record["config"]), set()).add(record["status"])
     expected_run = claim.outcome == "runs"
     decisions = [("ok" in statuses) == expected_run for statuses in by_config.values()

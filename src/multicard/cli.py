@@ -80,14 +80,65 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.nnodes and args.nnodes > 1 and args.out is None:
         raise InputError("run: --nnodes > 1 needs --out (the same directory on every node)")
+    if args.rdzv_endpoint is not None:
+        rendezvous_endpoint(args.rdzv_endpoint)
     overrides = dict(args.set) | ({"nnodes": args.nnodes} if args.nnodes else {})
     s = spec.load(args.spec, args.profile, overrides)
+    nnodes = max(int(settings["nnodes"]) for _, _, settings in spec.configs(s))
+    node_rank = _node_rank(args.node_rank, nnodes)
     out = args.out or Path("artifact/runs") / (
         f"{s.name}-{s.profile}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}")
+    _check_out(out)
     outcome = runner.run(s, out, trials=args.trials, trace=args.trace,
-                         rdzv_endpoint=args.rdzv_endpoint, node_rank=args.node_rank)
+                         rdzv_endpoint=args.rdzv_endpoint, node_rank=node_rank)
     print(f"next: multicard report {outcome.out}")
     return 0
+
+
+def rendezvous_endpoint(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (or `[IPv6]:PORT`) -> (host, port); bad input otherwise."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535 \
+            or any(c.isspace() for c in host):
+        raise InputError(f"--rdzv-endpoint: expected HOST:PORT with a port 1-65535, got {text!r}")
+    return host, int(port)
+
+
+def _node_rank(given: int | None, nnodes: int) -> int:
+    """This node's rank: --node-rank, else $SLURM_NODEID on several nodes, else 0."""
+    if given is None:
+        if nnodes == 1:
+            return 0  # one node per trial: whatever node of an allocation this is
+        text = os.environ.get("SLURM_NODEID", "0")
+        if not text.isdigit():
+            raise InputError(f"SLURM_NODEID: expected a node index, got {text!r}")
+        given = int(text)
+    if not 0 <= given < nnodes:
+        raise InputError(f"--node-rank: expected 0 <= rank < nnodes ({nnodes}), got {given}")
+    return given
+
+
+def _check_out(out: Path) -> None:
+    """--out must be a directory this process can write (checked before anything starts)."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: --out exists and is not a directory")
+    existing = next((p for p in [out, *out.parents] if p.exists()), None)
+    if existing is not None and not _writable(existing):
+        raise InputError(f"{existing}: not writable (read-only file system or no permission); "
+                         f"--out {out} cannot be created or written")
+
+
+def _writable(directory: Path) -> bool:
+    """Whether a file can really be created in `directory` (root ignores permission bits, so
+    os.access would say yes on a read-only mount)."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -96,6 +147,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.out is None and len(args.dirs) != 1:
         raise InputError("report: several DIRs need --out (where REPORT.md and tables go)")
     out = args.out or args.dirs[0]
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: --out exists and is not a directory")
     claim_file = args.claims or claims.default_file()
     claim_list = claims.load(claim_file) if args.claims or claim_file.is_file() else None
     out.mkdir(parents=True, exist_ok=True)
@@ -125,7 +178,11 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if status:
         print(f"{args.dir}: not packed, its files do not match {artifact.SUMS_FILE}")
         return status
-    print(pack.pack(args.dir, args.out or pack.default_target(args.dir)))
+    target = args.out or pack.default_target(args.dir)
+    if target.is_dir():
+        raise InputError(f"{target}: --out is a directory; name the archive file (e.g. {target}/"
+                         f"{args.dir.resolve().name}{pack.SUFFIX})")
+    print(pack.pack(args.dir, target))
     return 0
 
 
@@ -169,6 +226,8 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 
     root = args.root or mnist.default_root()
     out = args.out or scenario_b.tree_path(root, args.size, args.format)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: --out exists and is not a directory")
     request = scenario_b.Request(root / "mnist", out, args.size, args.format, args.limit)
     scenario_b.prepare(request, workers=args.workers)
     return 0
@@ -210,11 +269,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("run", cmd_run, "run (or resume) an experiment")
     _spec_args(p)
     p.add_argument("--out", type=Path, help="run directory (default artifact/runs/<name>-<profile>-<UTC>)")
-    p.add_argument("--nnodes", type=_positive_int, help="nodes per trial (run the same command on each)")
+    p.add_argument("--nnodes", type=_bounded_int(1, 4096),
+                   help="nodes per trial (run the same command on each)")
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
                    help="torchrun c10d rendezvous for --nnodes > 1 (e.g. the first node:29500)")
-    p.add_argument("--node-rank", type=int, default=int(os.environ.get("SLURM_NODEID", "0")),
-                   help="this node's index; node 0 records into --out (default: $SLURM_NODEID or 0)")
+    p.add_argument("--node-rank", type=_bounded_int(0, 4095),
+                   help="this node's index; node 0 records into --out (default: $SLURM_NODEID "
+                        "on several nodes, else 0)")
 
     p = add("report", cmd_report, "tables, figures, REPORT.md and SHA256SUMS for run directories")
     p.add_argument("dirs", type=Path, nargs="+", metavar="DIR")
@@ -251,12 +312,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--root", type=Path, help="folder that holds mnist/ (default: ./data)")
     v.set_defaults(data_func=cmd_data_verify)
     pr = data_sub.add_parser("prepare", help="write Scenario B: MNIST upsampled to NxN as files")
-    pr.add_argument("--size", type=_positive_int, required=True, help="N (the paper: 300, 500)")
+    pr.add_argument("--size", type=_bounded_int(28, 1024), required=True,
+                    help="N, 28 to 1024 (the paper: 300, 500)")
     pr.add_argument("--format", default="jpeg", choices=("jpeg", "png", "npy"),
                     help="file format (default jpeg: what both DALI and the DataLoader decode)")
     pr.add_argument("--out", type=Path, help="default: <root>/scenario_b/<N>px-<format>")
     pr.add_argument("--root", type=Path, help="folder that holds mnist/ (default: ./data)")
-    pr.add_argument("--limit", type=int, default=0, help="first N images of each split (0 = all)")
+    pr.add_argument("--limit", type=_bounded_int(0, 60_000), default=0,
+                    help="first N images of each split (0 = all)")
     pr.add_argument("--workers", type=_positive_int, help="processes (default: all CPUs)")
     pr.set_defaults(data_func=cmd_data_prepare)
     fe = data_sub.add_parser("fetch-llm", help="download GEC (c4_200m) and SAMSum records into "
@@ -276,7 +339,8 @@ def _spec_args(p: argparse.ArgumentParser, several: bool = False) -> None:
     else:
         p.add_argument("spec", type=Path, metavar="SPEC", help="experiment TOML")
     p.add_argument("--profile", default="paper", help="paper (default) or a profile of the spec")
-    p.add_argument("--trials", type=_positive_int, help="trials per config (default: the spec's)")
+    p.add_argument("--trials", type=_bounded_int(1, 1000),
+                   help="trials per config, at most 1000 (default: the spec's)")
     p.add_argument("--set", type=_setting, action="append", metavar="KEY=VALUE", default=[],
                    help="fix a setting for this run (TOML value; a string may be bare), e.g. "
                         "--set weights=/models/llama3-8b/original; repeatable")
@@ -305,6 +369,19 @@ def _setting(text: str) -> tuple[str, Any]:
         return key.strip(), value  # a bare string: a path, a name
 
 
+def _bounded_int(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = lo - 1
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer from {lo} to {hi}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -315,7 +392,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      line: str | None = None) -> str:
+    return f"multicard: warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    previous, warnings.formatwarning = warnings.formatwarning, _one_line_warning
+    try:  # a warning is one line, like an error
+        return _main(argv)
+    finally:
+        warnings.formatwarning = previous
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
@@ -328,3 +420,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("multicard: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        from multicard.runner import StorageFull
+
+        if not isinstance(exc, StorageFull):
+            raise
+        print(f"multicard: error: {exc}", file=sys.stderr)
+        return 1
+    except BaseException as exc:
+        from multicard.runner import Interrupted
+
+        if not isinstance(exc, Interrupted):
+            raise
+        where = f"; run the same command to resume {exc.out}" if exc.out else ""
+        ended = ", the trial in flight ended and recorded as interrupted" if exc.record else ""
+        print(f"multicard: stopped by {exc}{ended}{where}", file=sys.stderr)
+        return exc.exit_status

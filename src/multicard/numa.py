@@ -32,6 +32,8 @@ from multicard.errors import InputError
 SYSFS_NODES = Path("/sys/devices/system/node")
 SYSFS_PCI = Path("/sys/bus/pci/devices")
 POLICIES = ("none", "local", "remote", "interleave")
+# Linux's own limits (CONFIG_NR_CPUS at most 8192, MAX_NUMNODES 1024) with room to spare
+MAX_CPUS, MAX_NODES = 65_536, 4096
 # Terminal underline codes around the header; some captures lost the ESC byte itself.
 _ANSI = re.compile(r"\x1b?\[[0-9;]*m")
 
@@ -77,7 +79,10 @@ class PolicyNotApplicableError(Exception):
 # --- text formats ----------------------------------------------------------------------------
 
 def parse_cpulist(text: str) -> list[int]:
-    """Kernel cpulist syntax ("0-3,8,10-11", or space-separated as numactl prints) -> sorted ints."""
+    """Kernel cpulist syntax ("0-3,8,10-11", or space-separated as numactl prints) -> sorted ints.
+
+    CPU numbers beyond MAX_CPUS are refused before any range is built: a corrupt file saying
+    "0-999999999" would otherwise allocate a billion integers."""
     cpus: set[int] = set()
     for part in re.split(r"[,\s]+", text.strip()):
         if not part:
@@ -85,6 +90,8 @@ def parse_cpulist(text: str) -> list[int]:
         lo, _, hi = part.partition("-")
         if not lo.isdigit() or (hi and not hi.isdigit()):
             raise ValueError(f"not a CPU list: {text!r}")
+        if max(int(lo), int(hi or lo)) >= MAX_CPUS:
+            raise ValueError(f"CPU number beyond {MAX_CPUS - 1} in {text[:60]!r}")
         cpus.update(range(int(lo), int(hi or lo) + 1))
     return sorted(cpus)
 
@@ -99,6 +106,8 @@ def parse_numactl_hardware(text: str) -> Topology:
         elif match := re.match(r"\s*node (\d+) size: (\d+) MB", line):
             sizes[int(match.group(1))] = int(match.group(2))
     ids = sorted(set(cpus) | set(sizes))
+    if ids and ids[-1] >= MAX_NODES:
+        raise ValueError(f"NUMA node {ids[-1]} is beyond any machine's {MAX_NODES} nodes")
     nodes = [Node(i, cpus.get(i, []), sizes.get(i)) for i in ids]
     return Topology(nodes=nodes, distances=_distances(text))
 

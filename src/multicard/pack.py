@@ -10,7 +10,8 @@ match their sums would carry the mismatch to everyone who downloads it.
 `verify_archive` reads the members one by one from the compressed stream, hashing regular files
 in memory; nothing is written to disk. Members that extraction could turn against the reader are
 reported as unsafe and never read: absolute names, `..` components, names outside the one top
-folder, links whose target leaves it, device files and FIFOs.
+folder, links of either kind (`pack` writes none; a hard link aliases another member even inside
+the tree), device files, FIFOs, and files with the setuid or setgid bit.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import gzip
 import os
 import posixpath
+import stat
 import tarfile
 import zlib
 from pathlib import Path
@@ -41,15 +43,19 @@ def pack(root: Path, target: Path) -> Path:
     mtime = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
-    with tmp.open("wb") as raw, \
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as compressed, \
-            tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        tar.addfile(_info(top, tarfile.DIRTYPE, 0, mtime))
-        for rel in sorted([*listed, artifact.SUMS_FILE]):
-            path = root / rel
-            with path.open("rb") as f:
-                tar.addfile(_info(f"{top}/{rel}", tarfile.REGTYPE, path.stat().st_size, mtime), f)
-    tmp.replace(target)
+    try:
+        with tmp.open("wb") as raw, \
+                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as compressed, \
+                tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            tar.addfile(_info(top, tarfile.DIRTYPE, 0, mtime))
+            for rel in sorted([*listed, artifact.SUMS_FILE]):
+                path = root / rel
+                with path.open("rb") as f:
+                    tar.addfile(_info(f"{top}/{rel}", tarfile.REGTYPE, path.stat().st_size, mtime), f)
+        tmp.replace(target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)  # no half-written archive left behind
+        raise InputError(f"{target}: cannot write the archive ({exc.strerror})") from None
     return target
 
 
@@ -130,14 +136,23 @@ def unsafe_reason(member: tarfile.TarInfo, top: str) -> str | None:
     if member.isfifo():
         return "FIFO"
     if member.issym() or member.islnk():
-        target = member.linkname
-        if target.startswith("/"):
-            return f"link to the absolute path {target}"
-        # a symbolic link resolves from its own folder, a hard link from the archive root
-        base = posixpath.dirname(name) if member.issym() else ""
-        resolved = posixpath.normpath(posixpath.join(base, target))
-        if resolved.split("/", 1)[0] != top or resolved.startswith(".."):
-            return f"link leaving the tree -> {target}"
-    elif not (member.isfile() or member.isdir()):
+        return _link_reason(member, top)
+    if not (member.isfile() or member.isdir()):
         return "unsupported member type"
+    if member.mode & (stat.S_ISUID | stat.S_ISGID):
+        return "setuid or setgid bit"
     return None
+
+
+def _link_reason(member: tarfile.TarInfo, top: str) -> str:
+    """Every link is unsafe: `pack` writes none, and extraction would make a file that no
+    checksum covers (a hard link aliases another member, even one inside the tree)."""
+    target = member.linkname
+    if target.startswith("/"):
+        return f"link to the absolute path {target}"
+    # a symbolic link resolves from its own folder, a hard link from the archive root
+    base = posixpath.dirname(member.name) if member.issym() else ""
+    resolved = posixpath.normpath(posixpath.join(base, target))
+    if resolved.split("/", 1)[0] != top or resolved.startswith(".."):
+        return f"link leaving the tree -> {target}"
+    return f"{'symbolic' if member.issym() else 'hard'} link -> {target}"

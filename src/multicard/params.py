@@ -8,6 +8,7 @@ below are ours and are documented in the README.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,8 @@ def check_value(param: Param, value: Any) -> Value | None:
         return None
     if param.kind is float and isinstance(value, int | float):
         value = float(value)
+        if not math.isfinite(value):  # NaN passes every comparison; inf is no setting
+            return None
     elif not isinstance(value, param.kind):
         return None
     if param.choices is not None and value not in param.choices:
@@ -63,8 +66,10 @@ def check_value(param: Param, value: Any) -> Value | None:
 
 VISION: dict[str, Param] = {
     "device": Param(str, "cuda", "cuda (nccl) or cpu (gloo ranks)", choices=("cuda", "cpu")),
-    "gpus": Param(int, 1, "ranks per node: GPUs on cuda, gloo processes on cpu", minimum=1),
-    "nnodes": Param(int, 1, "nodes (torchrun --nnodes); >1 needs --rdzv-endpoint", minimum=1),
+    "gpus": Param(int, 1, "ranks per node: GPUs on cuda, gloo processes on cpu", minimum=1,
+                  maximum=64),
+    "nnodes": Param(int, 1, "nodes (torchrun --nnodes); >1 needs --rdzv-endpoint", minimum=1,
+                    maximum=4096),
     "precision": Param(str, "fp32", "numeric policy, see precision.py", choices=tuple(PRECISIONS)),
     "cast": Param(str, "device", "where a batch takes the precision's input dtype: device (float32 "
                   "is copied, then cast) or host (the loader casts before the copy, as a user who "
@@ -83,17 +88,18 @@ VISION: dict[str, Param] = {
                        "device after the copy (Scenario B)", choices=("cpu", "device")),
     "mode": Param(str, "train", "train, or loader_only: iterate batches onto the device, no model",
                   choices=("train", "loader_only")),
-    "epochs": Param(int, 20, "training epochs (the paper: 20)", minimum=1),
-    "batch_size": Param(int, 64, "samples per rank per step", minimum=1),
+    "epochs": Param(int, 20, "training epochs (the paper: 20)", minimum=1, maximum=10_000),
+    "batch_size": Param(int, 64, "samples per rank per step", minimum=1, maximum=65_536),
     "optimizer": Param(str, "sgd", "sgd (momentum) or adamw", choices=("sgd", "adamw")),
     "lr": Param(float, 0.02, "learning rate, constant, not scaled by world size", minimum=0.0),
     "momentum": Param(float, 0.9, "SGD momentum", minimum=0.0, maximum=1.0),
     "weight_decay": Param(float, 4e-5, "weight decay (MobileNetV2 paper value)", minimum=0.0),
-    "num_workers": Param(int, 4, "DataLoader worker processes per rank", minimum=0),
+    "num_workers": Param(int, 4, "DataLoader worker processes per rank", minimum=0, maximum=512),
     "pin_memory": Param(bool, False, "DataLoader pin_memory (PyTorch default: false)"),
-    "prefetch_factor": Param(int, 2, "DataLoader batches prefetched per worker (default 2)", minimum=1),
+    "prefetch_factor": Param(int, 2, "DataLoader batches prefetched per worker (default 2)", minimum=1,
+                             maximum=1024),
     "persistent_workers": Param(bool, False, "keep DataLoader workers between epochs (default: false)"),
-    "dali_threads": Param(int, 4, "DALI pipeline CPU threads per rank", minimum=1),
+    "dali_threads": Param(int, 4, "DALI pipeline CPU threads per rank", minimum=1, maximum=512),
     "dali_affinity": Param(bool, False, "DALI pins its threads to the CPUs nearest the GPU "
                            "(Pipeline set_affinity; DALI's default: false)"),
     "numa_policy": Param(str, "none", "per-rank binding: none, local, remote, interleave (numa.py)",
@@ -103,18 +109,22 @@ VISION: dict[str, Param] = {
     "page_cache": Param(str, "as_is", "Scenario B files before each trial: as_is, warm (read "
                         "once) or cold (evicted, no root needed)", choices=("as_is", "warm", "cold")),
     "cudnn_benchmark": Param(bool, False, "torch.backends.cudnn.benchmark (default: false)"),
-    "warmup_steps": Param(int, 5, "untimed steps before training; state restored after", minimum=0),
+    "warmup_steps": Param(int, 5, "untimed steps before training; state restored after", minimum=0,
+                          maximum=100_000),
     "max_steps": Param(int, 0, "steps per epoch: each epoch draws a fixed, seeded random "
-                       "max_steps x batch x ranks images; 0 = the whole dataset", minimum=0),
-    "train_subset": Param(int, 0, "first N training images; 0 = all 60,000", minimum=0),
-    "test_subset": Param(int, 0, "first N test images; 0 = all 10,000", minimum=0),
-    "seed": Param(int, 0, "base seed; trial t uses seed + t", minimum=0),
+                       "max_steps x batch x ranks images; 0 = the whole dataset", minimum=0,
+                       maximum=10_000_000),
+    "train_subset": Param(int, 0, "first N training images; 0 = all 60,000", minimum=0,
+                          maximum=60_000),
+    "test_subset": Param(int, 0, "first N test images; 0 = all 10,000", minimum=0, maximum=10_000),
+    "seed": Param(int, 0, "base seed; trial t uses seed + t", minimum=0, maximum=2**31 - 1),
 }
 
 LLM: dict[str, Param] = {
     "device": Param(str, "cuda", "cuda, or cpu (single-device recipes only)", choices=("cuda", "cpu")),
-    "gpus": Param(int, 1, "processes per node (tune run --nproc_per_node)", minimum=1),
-    "nnodes": Param(int, 1, "nodes (tune run --nnodes); >1 needs --rdzv-endpoint", minimum=1),
+    "gpus": Param(int, 1, "processes per node (tune run --nproc_per_node)", minimum=1, maximum=64),
+    "nnodes": Param(int, 1, "nodes (tune run --nnodes); >1 needs --rdzv-endpoint", minimum=1,
+                    maximum=4096),
     "method": Param(str, "lora", "lora, qlora, dpo, qat or full (the reference)",
                     choices=("lora", "qlora", "dpo", "qat", "full")),
     "dataset": Param(str, "gec", "gec (grammar_dataset) or samsum (samsum_dataset)",
@@ -126,16 +136,21 @@ LLM: dict[str, Param] = {
     "tokenizer": Param(str, "generated", "generated (byte-level, tests) or a Llama 3 tokenizer.model"),
     "data": Param(str, "real", "real (data/llm/real, from `multicard data fetch-llm`), synthetic, "
                   "or a directory of <dataset>.json files"),
-    "seq_len": Param(int, 1024, "tokens per packed sample (tokenizer.max_seq_len)", minimum=16),
-    "batch_size": Param(int, 2, "samples per process per step (the stock LoRA configs: 2)", minimum=1),
-    "gradient_accumulation_steps": Param(int, 1, "micro-batches per optimizer step", minimum=1),
-    "max_steps": Param(int, 50, "optimizer steps per trial (max_steps_per_epoch, 1 epoch)", minimum=1),
-    "warmup_steps": Param(int, 5, "first logged steps left out of the statistics", minimum=0),
-    "lora_rank": Param(int, 8, "LoRA rank (the stock configs: 8)", minimum=1),
-    "lora_alpha": Param(int, 16, "LoRA alpha (the stock configs: 16)", minimum=1),
+    "seq_len": Param(int, 1024, "tokens per packed sample (tokenizer.max_seq_len)", minimum=16,
+                     maximum=131_072),
+    "batch_size": Param(int, 2, "samples per process per step (the stock LoRA configs: 2)", minimum=1,
+                        maximum=4096),
+    "gradient_accumulation_steps": Param(int, 1, "micro-batches per optimizer step", minimum=1,
+                                         maximum=4096),
+    "max_steps": Param(int, 50, "optimizer steps per trial (max_steps_per_epoch, 1 epoch)", minimum=1,
+                       maximum=1_000_000),
+    "warmup_steps": Param(int, 5, "first logged steps left out of the statistics", minimum=0,
+                          maximum=1_000_000),
+    "lora_rank": Param(int, 8, "LoRA rank (the stock configs: 8)", minimum=1, maximum=4096),
+    "lora_alpha": Param(int, 16, "LoRA alpha (the stock configs: 16)", minimum=1, maximum=65_536),
     "dtype": Param(str, "bf16", "bf16 (the stock configs) or fp32", choices=("bf16", "fp32")),
     "pin_memory": Param(bool, False, "pin the recipe's DataLoader batches (Table 5)"),
-    "seed": Param(int, 0, "training seed; trial t uses seed + t", minimum=0),
+    "seed": Param(int, 0, "training seed; trial t uses seed + t", minimum=0, maximum=2**31 - 1),
 }
 
 WORKLOAD_PARAMS: dict[str, dict[str, Param]] = {"vision": VISION, "llm": LLM}

@@ -10,7 +10,7 @@ import json
 import math
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ class RunData:
     env: dict[str, Any]
     records: list[dict[str, Any]]
     planned: int
+    torn_lines: list[int] = field(default_factory=list)  # lines of trials.jsonl that were skipped
 
 
 # --- number formatting ----------------------------------------------------------------------
@@ -310,9 +311,10 @@ def load_run(path: Path) -> RunData:
     spec = specmod.load(path / "spec.toml")
     env_path = path / "env.json"
     env = json.loads(env_path.read_text()) if env_path.exists() else {}
-    records = store.read(path / store.TRIALS_FILE)
+    records, torn = store.read_with_skipped(path / store.TRIALS_FILE)
+    store.warn_skipped(path / store.TRIALS_FILE, torn)
     timing = [p for p in specmod.plan(spec) if p.trace == "none"]
-    return RunData(path, spec, env, records, planned=len(timing))
+    return RunData(path, spec, env, records, planned=len(timing), torn_lines=torn)
 
 
 def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | None = None) -> Path:
@@ -550,15 +552,19 @@ def _failures_section(runs: list[RunData], out: Path) -> str:
         causes = summarize.failure_causes(summarize.failures(run.spec, run.records))
         rows += [{"experiment": run.spec.name, "run": _rel(run.path, out), **row}
                  for row in causes.to_dict("records")]
+    torn = "".join(f"\n`{_rel(run.path, out)}/trials.jsonl`: {len(run.torn_lines)} line(s) skipped "
+                   f"(line {', '.join(map(str, run.torn_lines))}): not a complete record, as a crash "
+                   "mid-write leaves one; the attempt it described, if any, runs again on resume.\n"
+                   for run in runs if run.torn_lines)
     if not rows:
-        return "## Failures and skips\n\nNo attempt failed and no config was skipped.\n"
+        return "## Failures and skips\n\nNo attempt failed and no config was skipped.\n" + torn
     table = pd.DataFrame(rows)
     table["message"] = [_first_line(m)[:160] for m in table["message"]]
     return ("## Failures and skips\n\nEvery attempt that failed (error, timeout, oom) and every "
             "config this machine could not run (`skipped`, with the reason), by cause; the "
             "per-trial list is in each section above, the stderr of a failed attempt in "
             "`raw/<config>-t<trial>-a<attempt>/stderr.log`.\n\n"
-            + render_markdown(table))
+            + render_markdown(table) + torn)
 
 
 def _first_line(message: object) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import gzip
 import json
 import os
@@ -17,8 +18,9 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,7 +36,9 @@ from multicard.profiling import nsys, parse
 from multicard.spec import PlannedTrial, Spec
 
 STDERR_TAIL_CHARS = 4000
-KILL_GRACE_S = 10.0
+# SIGTERM, then SIGKILL for what is left: well inside Slurm's KillWait (30 s by default)
+KILL_GRACE_S = 5.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 OOM_PATTERNS = ("CUDA out of memory", "OutOfMemoryError", "out of memory",
                 "DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 # Causes that a traceback's exception type would hide (a DataLoader worker dying shows up as a
@@ -48,6 +52,69 @@ CAUSES = (
     (re.compile(r"Signal \d+ \(SIG\w+\) received by PID \d+"), "RankKilled"),
 )
 _EXCEPTION_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)):\s*(.*)$")
+
+
+class StorageFull(Exception):  # noqa: N818 (a condition of the machine, reported as such)
+    """The run directory's file system is full (or over quota): the run stops; every record
+    written before stays, and the same command resumes once there is space."""
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class Interrupted(BaseException):
+    """The runner was told to stop (SIGTERM, SIGHUP, Ctrl-C). The trial in flight has been ended,
+    every process of it, and recorded as `interrupted`; running again resumes."""
+
+    def __init__(self, signum: int, out: Path | None = None) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.out = signum, out
+        self.record: dict[str, Any] | None = None  # the attempt that was in flight
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum  # what a shell reports for a process killed by the signal
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Interrupted in the main thread, once: the second signal that
+    Slurm, nox or a user may send does not cut the clean-up short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        if not fired:
+            fired.append(signum)
+            raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def stop_deferred() -> Iterator[None]:
+    """Hold SIGTERM and SIGHUP while a record is written, so a stop never tears a line; a signal
+    that arrives meanwhile is delivered right after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def append_record(trials_file: Path, record: dict[str, Any]) -> None:
+    with stop_deferred():
+        store.append(trials_file, record)
 
 
 @dataclass(frozen=True)
@@ -77,7 +144,10 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
         raise InputError(f"{spec.path}: nnodes > 1 needs --rdzv-endpoint HOST:PORT")
     if node_rank:
         out = out / "nodes" / f"node{node_rank}"
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{out}: cannot create the run directory ({exc.strerror})") from None
     lock = FileLock(str(out / ".run.lock"), timeout=0)
     try:
         lock.acquire()
@@ -87,9 +157,23 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
         spec = dataclasses.replace(spec, trials=trials or spec.trials,
                                    trace=resolve_trace(spec, trace or spec.trace, echo))
         data_dir = (data_dir or mnist.default_root()).resolve()
-        _prepare(spec, out, data_dir)
-        _prepare_inputs(spec, out, data_dir, echo)
-        return _run_pending(spec, out, data_dir, echo, rdzv_endpoint)
+        with stop_on_signals():
+            _prepare(spec, out, data_dir)
+            _prepare_inputs(spec, out, data_dir, echo)
+            return _run_pending(spec, out, data_dir, echo, rdzv_endpoint)
+    except KeyboardInterrupt:
+        raise Interrupted(signal.SIGINT, out) from None
+    except Interrupted as stop:
+        stop.out = out
+        raise
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        kept = len(store.read(out / store.TRIALS_FILE))
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise StorageFull(f"{out}: {exc.strerror}{where}; the run stopped with {kept} record(s) "
+                          f"kept in {store.TRIALS_FILE}; free some space and run the same command "
+                          "to resume") from None
     finally:
         lock.release()
 
@@ -115,18 +199,18 @@ def _prepare(spec: Spec, out: Path, data_dir: Path) -> None:
         if comparable != spec:
             raise InputError(f"{out}: holds a run of a different spec or profile "
                              f"({existing.name}, profile {existing.profile}); use another --out")
-    spec_file.write_text(specmod.to_toml(spec), encoding="utf-8")
+    artifact.write_text_atomic(spec_file, specmod.to_toml(spec))
     env_file = out / "env.json"
     if env_file.exists():  # a resumed run: keep the first environment, record this one beside it
         env_file = out / f"env-resume-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
-    env_file.write_text(json.dumps(artifact.capture_env(data_dir), indent=1), encoding="utf-8")
+    artifact.write_text_atomic(env_file, json.dumps(artifact.capture_env(data_dir), indent=1))
 
 
 def _prepare_inputs(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], None]) -> None:
     """The workload's inputs exist and check out before any trial; datasets.json says which."""
     used = kinds.KINDS[spec.workload].prepare(spec, data_dir, echo)
     if used:
-        (out / "datasets.json").write_text(json.dumps(used, indent=1), encoding="utf-8")
+        artifact.write_text_atomic(out / "datasets.json", json.dumps(used, indent=1))
 
 
 def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], None],
@@ -149,8 +233,13 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
         if reason:
             record = skipped_record(spec, planned_trial, *reason)
         else:
-            record = run_trial(spec, planned_trial, out, data_dir, rdzv_endpoint)
-        store.append(trials_file, record)
+            try:
+                record = run_trial(spec, planned_trial, out, data_dir, rdzv_endpoint)
+            except Interrupted as stop:
+                if stop.record:  # the attempt in flight: ended, and recorded as interrupted
+                    append_record(trials_file, stop.record)
+                raise
+        append_record(trials_file, record)
         if record["status"] != "skipped":
             walls.append(record["wall_s"])
         ok += record["status"] == "ok"
@@ -227,7 +316,7 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
     changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
     dropped = [k for k in os.environ if k not in env]
     cleared = launch.cleared_env(os.environ)  # TF32 overrides: their values, for the record
-    (trial_dir / "launch.json").write_text(json.dumps(
+    artifact.write_text_atomic(trial_dir / "launch.json", json.dumps(
         {"argv": argv, "env_set": changed, "env_dropped": dropped, "cleared_env": cleared,
          "cwd": str(Path.cwd())}, indent=1))
     kind.before(settings, data_dir)  # outside the trial's clock
@@ -235,12 +324,19 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
     t0 = time.monotonic()
     trial_gpus = telemetry.visible_gpus()[:int(settings["gpus"])] \
         if settings["device"] == "cuda" else []
-    returncode, timed_out, sampled, not_sampled = _execute(argv, env, trial_dir, spec.timeout_s,
-                                                           kind.sample_memory, trial_gpus)
+    try:
+        returncode, timed_out, sampled, not_sampled = _execute(
+            argv, env, trial_dir, spec.timeout_s, kind.sample_memory, trial_gpus)
+    except (Interrupted, KeyboardInterrupt) as caught:
+        stop = caught if isinstance(caught, Interrupted) else Interrupted(signal.SIGINT)
+        stop.record = interrupted_record(spec, planned, attempt, settings, started, started_unix,
+                                         time.monotonic() - t0, stop.signum, trial_dir, out)
+        raise stop from None
     wall = time.monotonic() - t0
     stderr_text = _tail(trial_dir / "stderr.log")
     result = kind.result(trial_dir, settings)
-    status, error = classify(returncode, timed_out, stderr_text, result, spec.timeout_s)
+    status, error = classify(returncode, timed_out, stderr_text, result, spec.timeout_s,
+                             rank_failure(trial_dir))
     traces = collect_traces(trial_dir, out) if planned.trace != "none" else {}
     return {
         "schema": store.SCHEMA,
@@ -281,6 +377,26 @@ def trace_files(trial_dir: Path) -> list[Path]:
     return sorted({p for pattern in TRACE_PATTERNS for p in trial_dir.rglob(pattern) if p.is_file()})
 
 
+def interrupted_record(spec: Spec, planned: PlannedTrial, attempt: int, settings: dict[str, Any],
+                       started: str, started_unix: float, wall: float, signum: int,
+                       trial_dir: Path, out: Path) -> dict[str, Any]:
+    """An attempt ended because the runner was told to stop: neither ok nor failed; resumed."""
+    name = signal.Signals(signum).name
+    return {
+        "schema": store.SCHEMA, "experiment": spec.name, "config_id": planned.config_id,
+        "config": planned.config, "trial": planned.trial, "attempt": attempt,
+        "order": planned.order, "seed": settings["seed"], "profile": spec.profile,
+        "trace": planned.trace, "status": "interrupted", "started": started,
+        "started_unix": round(started_unix, 3), "wall_s": round(wall, 3), "metrics": {},
+        "unmeasured": {}, "trace_metrics": {},
+        "error": {"type": "Interrupted", "message": f"{name} to the runner after {wall:.1f} s: "
+                  "every process of the trial was ended; a resume runs it again",
+                  "stderr_tail": _tail(trial_dir / "stderr.log")},
+        "artifacts": sorted(p.relative_to(out).as_posix() for p in trial_dir.rglob("*") if p.is_file()),
+        "returncode": None,
+    }
+
+
 def collect_traces(trial_dir: Path, out: Path) -> dict[str, dict[str, Any]]:
     """Summarise every rank's trace (keyed by its path in the run), then compress SQLite exports;
     nsys reports (.nsys-rep) are compressed already, Kineto traces are written gzipped."""
@@ -303,7 +419,7 @@ def collect_traces(trial_dir: Path, out: Path) -> dict[str, dict[str, Any]]:
 def _execute(argv: list[str], env: dict[str, str], trial_dir: Path, timeout_s: float,
              sample_memory: bool, gpus: list[devices.GpuIdentity]
              ) -> tuple[int | None, bool, dict[str, Any], dict[str, str]]:
-    """Run argv in its own session; on timeout kill the whole process group.
+    """Run argv in its own session; on timeout or a stop request end every process of the trial.
 
     Returns (exit status, timed out, memory metrics sampled from outside when asked, why any of
     them is null)."""
@@ -319,26 +435,46 @@ def _execute(argv: list[str], env: dict[str, str], trial_dir: Path, timeout_s: f
             with sampler.watch(proc.pid) if sampler else contextlib.nullcontext():
                 returncode = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            kill_group(proc)
+            end_trial(proc)
             return proc.returncode, True, {}, {}
-        except BaseException:  # Ctrl-C or an error here: leave no orphaned ranks behind
-            kill_group(proc)
+        except BaseException:  # a stop request or an error here: leave no process behind
+            end_trial(proc)
             raise
     if sampler is None:
         return returncode, False, {}, {}
     return returncode, False, sampler.metrics(), sampler.unmeasured()
 
 
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the trial's process group, SIGKILL whatever is left after a grace period."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=KILL_GRACE_S)
-    # The group outlives its leader while any rank is still in it.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def end_trial(proc: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM every process of the trial, SIGKILL whatever is left after `grace_s`.
+
+    The trial is the launcher's whole process tree, not its process group: torchrun starts each
+    rank in a session of its own. The tree is read before any signal, because a process whose
+    parent dies leaves it (re-parented to init)."""
+    members = set(telemetry.process_tree(proc.pid)) | {proc.pid}
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the launcher, our own child
+        members = {pid for pid in members | set(telemetry.process_tree(proc.pid)) if _alive(pid)}
+        if not members:
+            break
+        time.sleep(0.1)
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     proc.wait()
+
+
+def _alive(pid: int) -> bool:
+    """Running or sleeping; a zombie (dead, not yet reaped) does not count."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def _tail(path: Path) -> str:
@@ -350,15 +486,32 @@ def _tail(path: Path) -> str:
         return ""
 
 
+def rank_failure(trial_dir: Path) -> dict[str, Any] | None:
+    """The cause a rank named itself (failure-rank<R>.json), the lowest rank's first."""
+    for path in sorted(trial_dir.glob("failure-rank*.json")):
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(found, dict) and {"type", "message"} <= set(found):
+            return found
+    return None
+
+
 def classify(returncode: int | None, timed_out: bool, stderr_tail: str,
-             result: dict[str, Any] | None, timeout_s: float) -> tuple[str, dict[str, Any] | None]:
-    """(status, error) of a finished trial; error is None exactly when status is ok."""
+             result: dict[str, Any] | None, timeout_s: float,
+             named: dict[str, Any] | None = None) -> tuple[str, dict[str, Any] | None]:
+    """(status, error) of a finished trial; error is None exactly when status is ok. A cause the
+    rank named itself (`named`) wins over what the stderr tail suggests."""
     tail = stderr_tail[-STDERR_TAIL_CHARS:]
     if timed_out:
         return "timeout", {"type": "Timeout", "message": f"killed after {timeout_s:g} s",
                            "stderr_tail": tail}
     if returncode == 0 and result is not None:
         return "ok", None
+    if named:
+        return "failed", {"type": str(named["type"]), "message": str(named["message"]),
+                          "stderr_tail": tail}
     kind, message = root_exception(tail)
     if any(p in tail for p in OOM_PATTERNS):
         return "oom", {"type": kind or "OutOfMemory", "message": message or "out of memory",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import random
 import tomllib
 from collections.abc import Mapping
@@ -33,6 +34,11 @@ REPORT_KEYS = {"primary", "metrics", "figure", "breakdown"}
 PROFILE_KEYS = {"fixed", "grid", "trials", "baseline", "report"}
 SPEEDUP_KEYS = ("speedup_x", "time_reduction_pct", "gain_pct")
 DEFAULT_TIMEOUT_S = 7200.0
+# Bounds that no real sweep reaches, checked before anything is planned or allocated: a count of
+# 10**9 would otherwise build a plan of that many objects before failing.
+MAX_TRIALS = 1000
+MAX_PLANNED = 100_000  # configs x trials of one spec
+MAX_TIMEOUT_S = 30 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -130,13 +136,32 @@ def load(path: str | Path, profile: str = "paper", settings: Mapping[str, Any] |
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path}: no such spec file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: a directory, not a spec file (experiments/<name>.toml)") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not valid TOML: {exc}") from None
     if settings and isinstance(doc.get("profiles", {}), dict) and (
             profile == "paper" or profile in doc.get("profiles", {})):
         overlay = doc.setdefault("profiles", {}).setdefault(profile, {})
         overlay["fixed"] = {**overlay.get("fixed", {}), **settings}  # leaves the grid, like a profile
-    return from_document(doc, path, profile)
+    chosen = from_document(doc, path, profile)
+    check_every_profile(doc, path, profile)
+    return chosen
+
+
+def check_every_profile(doc: dict[str, Any], path: Path, chosen: str) -> None:
+    """A profile that is not selected is validated too: a typo in one must not wait for the day
+    someone runs it."""
+    profiles = doc.get("profiles", {})
+    for other in ["paper", *profiles] if isinstance(profiles, dict) else []:
+        if other == chosen:
+            continue
+        try:
+            from_document(doc, path, other)
+        except InputError as exc:
+            raise InputError(f"{exc} (in profile {other!r})") from None
 
 
 def from_document(doc: dict[str, Any], path: Path, profile: str = "paper") -> Spec:
@@ -169,7 +194,7 @@ def from_document(doc: dict[str, Any], path: Path, profile: str = "paper") -> Sp
         fixed=fixed,
         grid=grid,
         baseline=_baseline(check, doc, grid, workload),
-        trials=_int(check, "[trials].count", trials.get("count", 5), minimum=1),
+        trials=_int(check, "[trials].count", trials.get("count", 5), minimum=1, maximum=MAX_TRIALS),
         order_seed=_int(check, "[trials].seed", trials.get("seed", 0), minimum=0),
         timeout_s=_timeout(check, trials.get("timeout_s", DEFAULT_TIMEOUT_S)),
         trace=_choice(check, "[trials].trace", trials.get("trace", "none"), TRACE_MODES),
@@ -180,12 +205,23 @@ def from_document(doc: dict[str, Any], path: Path, profile: str = "paper") -> Sp
         references=_references(check, doc, workload),
     )
     _check_conflicts(check, spec)
+    check_plan_size(spec, spec.trials, path)
     return spec
 
 
-def _int(check: _Checker, key: str, value: Any, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        check.fail(key, f"an integer >= {minimum}", value)
+def check_plan_size(spec: Spec, trials: int, where: Path | str) -> None:
+    """Refuse a plan of more than MAX_PLANNED trials before building it."""
+    size = math.prod(len(v) for v in spec.grid.values()) * (trials + (spec.trace != "none"))
+    if size > MAX_PLANNED:
+        raise InputError(f"{where}: the plan would hold {size} trials (configs x trials); at most "
+                         f"{MAX_PLANNED} in one run")
+
+
+def _int(check: _Checker, key: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+    if (not isinstance(value, int) or isinstance(value, bool) or value < minimum
+            or (maximum is not None and value > maximum)):
+        bounds = f">= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+        check.fail(key, f"an integer {bounds}", value)
     return value
 
 
@@ -202,8 +238,10 @@ def _boolean(check: _Checker, key: str, value: Any) -> bool:
 
 
 def _timeout(check: _Checker, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        check.fail("[trials].timeout_s", "a number of seconds > 0", value)
+    if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+            or not 0 < value <= MAX_TIMEOUT_S):
+        check.fail("[trials].timeout_s", f"a finite number of seconds > 0 and <= {MAX_TIMEOUT_S:g}",
+                   value)
     return float(value)
 
 
@@ -382,6 +420,7 @@ def plan(spec: Spec, trials: int | None = None, trace: str | None = None) -> lis
     """
     count = spec.trials if trials is None else trials
     mode = spec.trace if trace is None else trace
+    check_plan_size(spec, count, spec.path)
     grid_points = configs(spec)
     rounds = [(t, "none") for t in range(count)]
     if mode != "none":

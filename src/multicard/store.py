@@ -7,6 +7,7 @@ on a line of its own, and skipped with a warning by the reader.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
@@ -17,7 +18,9 @@ from typing import Any
 from filelock import FileLock
 
 SCHEMA = 1
-STATUSES = ("ok", "failed", "timeout", "oom", "skipped")
+# interrupted: the runner was told to stop mid-trial (SIGTERM, SIGHUP, Ctrl-C); not a failure of
+# the config, and a resume runs the trial again
+STATUSES = ("ok", "failed", "timeout", "oom", "skipped", "interrupted")
 TRIALS_FILE = "trials.jsonl"
 LOCK_SUFFIX = ".lock"
 
@@ -38,11 +41,17 @@ def append(path: Path, record: dict[str, Any]) -> None:
     with lock_for(path):
         new_file = not path.exists()
         with path.open("ab") as f:
-            if f.tell() > 0 and _last_byte(path) != b"\n":
-                f.write(b"\n")  # terminate a torn line instead of gluing this record onto it
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+            size = f.tell()
+            try:
+                if size > 0 and _last_byte(path) != b"\n":
+                    f.write(b"\n")  # terminate a torn line instead of gluing this record onto it
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError:  # a full disk mid-line: take the partial line back
+                with contextlib.suppress(OSError):
+                    f.truncate(size)
+                raise
         if new_file:
             _fsync_dir(path.parent)
 
@@ -63,9 +72,22 @@ def _fsync_dir(directory: Path) -> None:
 
 def read(path: Path) -> list[dict[str, Any]]:
     """Every complete record; torn or undecodable lines are skipped with a TornLineWarning."""
+    records, skipped = read_with_skipped(path)
+    warn_skipped(path, skipped)
+    return records
+
+
+def warn_skipped(path: Path, skipped: list[int]) -> None:
+    for number in skipped:
+        warnings.warn(f"{path}:{number}: skipped an incomplete record (a crash mid-write)",
+                      TornLineWarning, stacklevel=3)
+
+
+def read_with_skipped(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """(every complete record, the line numbers of the lines that are not one)."""
     if not path.exists():
-        return []
-    records = []
+        return [], []
+    records, skipped = [], []
     for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
         if not raw.strip():
             continue
@@ -73,12 +95,11 @@ def read(path: Path) -> list[dict[str, Any]]:
             record = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             record = None
-        if not isinstance(record, dict):
-            warnings.warn(f"{path}:{number}: skipped an incomplete record", TornLineWarning,
-                          stacklevel=2)
-            continue
-        records.append(record)
-    return records
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            skipped.append(number)
+    return records, skipped
 
 
 def finished(records: Iterable[dict[str, Any]]) -> set[tuple[str, int, str]]:

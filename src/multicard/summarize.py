@@ -123,7 +123,9 @@ def config_table(spec: Spec, trials: pd.DataFrame, failed: pd.DataFrame) -> pd.D
         row |= _speedup(spec, trials, config, mine)
         if spec.breakdown:
             row |= breakdown(mine)
-        causes = failed[failed["config_id"] == cid]
+        # an interrupted attempt (the runner was stopped) is no failure of the config: it is
+        # listed in the report's failures section and runs again on resume
+        causes = failed[(failed["config_id"] == cid) & (failed["status"] != "interrupted")]
         row["failed"] = len(causes)
         row["failure_causes"] = sorted({cause(s, t) for s, t in zip(causes["status"],
                                                                    causes["error_type"], strict=True)})
@@ -238,8 +240,9 @@ def effects(spec: Spec, trials: pd.DataFrame, factor: str, base: Any, metric: st
 
 
 def cause(status: str, error_type: str | None) -> str:
-    """"oom", "timeout", or "failed: <exception type>" for the failure column."""
-    return status if status in ("oom", "timeout") or not error_type else f"{status}: {error_type}"
+    """"oom", "timeout", "interrupted", or "failed: <exception type>" for the failure column."""
+    return status if status in ("oom", "timeout", "interrupted") or not error_type \
+        else f"{status}: {error_type}"
 
 
 def _references(spec: Spec, config: dict[str, Any]) -> dict[str, Any]:

@@ -66,6 +66,31 @@ def test_names_with_backslash_or_newline_use_coreutils_escaping(tmp_path: Path) 
     subprocess.run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=tmp_path, check=True)
 
 
+def test_links_fifos_and_devices_in_a_run_are_named_as_unsafe(tmp_path: Path) -> None:
+    import os
+
+    root = make_run(tmp_path / "run")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not part of the run\n")
+    (root / "tables" / "link.md").symlink_to(outside / "secret.txt")
+    (root / "elsewhere").symlink_to(outside, target_is_directory=True)
+    os.mkfifo(root / "pipe")
+    result = artifact.verify(root)
+    assert result.unsafe == [f"elsewhere (symbolic link -> {outside})", "pipe (FIFO)",
+                             f"tables/link.md (symbolic link -> {outside / 'secret.txt'})"]
+    assert not result.ok and not result.unlisted  # nothing was read through the links
+
+
+def test_a_sums_file_that_is_a_link_vouches_for_nothing(tmp_path: Path) -> None:
+    root = make_run(tmp_path / "run")
+    real = tmp_path / "elsewhere.sums"
+    (root / "SHA256SUMS").rename(real)
+    (root / "SHA256SUMS").symlink_to(real)
+    result = artifact.verify(root)
+    assert result.unsafe == [f"SHA256SUMS (symbolic link -> {real})"] and not result.ok
+
+
 def test_no_sums_file_is_a_failed_check(tmp_path: Path) -> None:
     assert artifact.verify(tmp_path).missing == ["SHA256SUMS"]
 

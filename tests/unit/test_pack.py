@@ -92,11 +92,19 @@ def test_unsafe_members_are_named_and_nothing_is_written(tmp_path: Path, monkeyp
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
-def test_links_that_stay_inside_are_not_unsafe(tmp_path: Path) -> None:
+def test_links_are_unsafe_even_inside_the_tree_and_so_are_setuid_files(tmp_path: Path) -> None:
+    setuid, data = member("run/suid")
+    setuid.mode = 0o4755
+    setgid, _ = member("run/sgid")
+    setgid.mode = 0o2755
     path = archive_with(tmp_path, member("run/sub/link", tarfile.SYMTYPE, "../ok.txt"),
-                        member("run/hard", tarfile.LNKTYPE, "run/ok.txt"))
+                        member("run/hard", tarfile.LNKTYPE, "run/ok.txt"), (setuid, data),
+                        (setgid, data))
     result = pack.verify_archive(path)
-    assert result.unsafe == [] and result.missing == ["run/SHA256SUMS"]
+    assert result.unsafe == ["run/sub/link (symbolic link -> ../ok.txt)",
+                             "run/hard (hard link -> run/ok.txt)",
+                             "run/suid (setuid or setgid bit)", "run/sgid (setuid or setgid bit)"]
+    assert not result.ok
 
 
 def test_not_a_tar_archive_is_bad_input(tmp_path: Path) -> None:

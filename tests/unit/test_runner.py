@@ -187,3 +187,20 @@ def test_numa_skips_map_each_rank_through_cuda_visible_devices() -> None:
     assert kinds.vision_unrunnable(config, "none", kinds.Machine(visible, two, True, "1"))[0] == \
         "NumaPolicyNotApplicable"
     assert kinds.vision_unrunnable(config, "none", kinds.Machine(visible, two, True, "0")) is None
+
+
+def test_a_cause_the_rank_named_itself_wins_over_the_stderr_order(tmp_path: Path) -> None:
+    import json
+
+    # the socket reset reached stderr first and the DataLoader's own line never came: the rank
+    # still knew from its worker's exit status what happened
+    tail = "ConnectionResetError: [Errno 104] Connection reset by peer\n"
+    (tmp_path / "failure-rank0.json").write_text(json.dumps(
+        {"type": "DataLoaderWorkerKilled", "message": "DataLoader worker (pid 9677) is killed by "
+         "signal: Killed", "workers": [[9677, -9]]}))
+    status, error = runner.classify(1, False, tail, None, 60, runner.rank_failure(tmp_path))
+    assert (status, error["type"]) == ("failed", "DataLoaderWorkerKilled")
+    assert error["message"] == "DataLoader worker (pid 9677) is killed by signal: Killed"
+    assert error["stderr_tail"] == tail
+    (tmp_path / "failure-rank0.json").write_text("{torn")
+    assert runner.rank_failure(tmp_path) is None  # unreadable: the stderr rules apply

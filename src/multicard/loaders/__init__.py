@@ -77,6 +77,11 @@ class Loader(Protocol):
         """Host-to-device copy time of the last epoch (after a device sync); None if not measured."""
         ...
 
+    def dead_workers(self) -> list[tuple[int, int]]:
+        """(pid, exit code) of the loader's worker processes that died: what the rank knows of
+        a failure, whatever exception reached it first (a negative code is the signal)."""
+        ...
+
 
 def sample_indices(total: int, subset: int, epoch_samples: int, seed: int,
                    world: int = 1) -> np.ndarray:

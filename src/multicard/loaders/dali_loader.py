@@ -73,6 +73,9 @@ class DaliLoader:
     def to_device(self, batch: Batch) -> Batch:
         return batch  # made on the device (on the CPU in a CPU run)
 
+    def dead_workers(self) -> list[tuple[int, int]]:
+        return []  # no worker processes
+
     def h2d_seconds(self) -> float | None:
         return None  # the copy of the encoded bytes happens inside DALI's decoder
 

@@ -37,5 +37,8 @@ class SyntheticLoader:
     def to_device(self, batch: Batch) -> Batch:
         return batch  # resident on the device already
 
+    def dead_workers(self) -> list[tuple[int, int]]:
+        return []  # no worker processes
+
     def h2d_seconds(self) -> float | None:
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,7 +44,20 @@ class TorchLoader:
         self.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
         if self.copies:
             self.copies.reset()
-        yield from self.loader  # non-persistent workers start at the first next()
+        self.iterator = iter(self.loader)  # non-persistent workers start at its first next()
+        yield from self.iterator
+
+    def dead_workers(self, wait_s: float = 2.0) -> list[tuple[int, int]]:
+        """Workers of the current epoch that exited with a non-zero code. Called after an
+        exception: a killed worker's socket can reset (ConnectionResetError) a moment before the
+        kernel has reaped it, so this waits up to `wait_s` for one to report its code."""
+        workers = getattr(getattr(self, "iterator", None), "_workers", [])
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = [(w.pid, w.exitcode) for w in workers if not w.is_alive() and w.exitcode]
+            if dead or not workers or time.monotonic() > deadline:
+                return dead
+            time.sleep(0.05)
 
     def to_device(self, batch: Batch) -> Batch:
         images, labels, indices = batch

@@ -35,6 +35,7 @@ import gzip
 import json
 import re
 import sqlite3
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -90,10 +91,13 @@ def summarize(path: Path) -> dict[str, Any]:
     if head.startswith(SQLITE_MAGIC):
         return summarize_nsys(path)
     if head.startswith(GZIP_MAGIC):
-        with gzip.open(path, "rb") as f:
-            inner = f.read(16)
-        if inner.startswith(SQLITE_MAGIC):
-            return _with_unpacked_sqlite(path)
+        try:
+            with gzip.open(path, "rb") as f:
+                inner = f.read(16)
+            if inner.startswith(SQLITE_MAGIC):
+                return _with_unpacked_sqlite(path)
+        except (EOFError, OSError, zlib.error) as exc:  # BadGzipFile is an OSError
+            raise InputError(f"{path}: a corrupt or truncated gzip file ({exc})") from None
         return summarize_kineto(_load_json(path, gzipped=True), path)
     if head.lstrip()[:1] in (b"{", b"["):
         return summarize_kineto(_load_json(path, gzipped=False), path)
@@ -255,8 +259,11 @@ def _with_unpacked_sqlite(path: Path) -> dict[str, Any]:
 def _load_json(path: Path, gzipped: bool) -> Any:
     try:
         raw = gzip.decompress(path.read_bytes()) if gzipped else path.read_bytes()
+    except (EOFError, OSError, zlib.error) as exc:  # BadGzipFile is an OSError
+        raise InputError(f"{path}: a corrupt or truncated gzip file ({exc})") from None
+    try:
         return json.loads(raw.decode("utf-8", errors="replace"))
-    except (json.JSONDecodeError, EOFError, OSError, gzip.BadGzipFile) as exc:
+    except json.JSONDecodeError as exc:
         raise InputError(f"{path}: neither an nsys SQLite export nor a Kineto JSON trace ({exc})") \
             from None
 
@@ -268,6 +275,11 @@ def summarize_kineto(doc: Any, path: Path) -> dict[str, Any]:
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
         raise InputError(f"{path}: JSON without a traceEvents list: not a Kineto trace")
+    # every Chrome-trace event is an object with a phase ("ph"); anything else is not a trace,
+    # and all-zero metrics for it would read as "nothing happened"
+    if not events or not all(isinstance(e, dict) and "ph" in e for e in events):
+        raise InputError(f"{path}: traceEvents holds no trace events (objects with a 'ph' field): "
+                         "not a Kineto trace")
     frame = pd.DataFrame([e for e in events if isinstance(e, dict) and e.get("ph") == "X"],
                          columns=["cat", "name", "ts", "dur", "args"])
     summary = empty_summary("kineto-json")

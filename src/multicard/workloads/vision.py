@@ -28,8 +28,10 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
+import signal  # noqa: E402
 import statistics  # noqa: E402
-from contextlib import ExitStack, nullcontext  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from contextlib import ExitStack, contextmanager, nullcontext  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -174,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     util = GpuUtilSampler(uuid)
     with ExitStack() as sampling:
+        sampling.enter_context(failure_named(args.out, rank, loader))
         # samplers first, then the barrier: every rank's clock starts right after it
         t_train = start_together([util], dist.barrier, sampling)
         timeline["clock_start"] = time.time()
@@ -263,6 +266,25 @@ def main(argv: list[str] | None = None) -> None:
         }
         write_json_atomic(args.out / "result.json", result)
     dist.destroy_process_group()
+
+
+@contextmanager
+def failure_named(out: Path, rank: int, loader: Any) -> Iterator[None]:
+    """On an exception, write what this rank knows of its cause to failure-rank<R>.json for the
+    runner: a killed DataLoader worker is named by its pid and signal from the worker's exit
+    status, not from which exception happened to reach stderr first."""
+    try:
+        yield
+    except Exception:
+        dead = loader.dead_workers()
+        if dead:
+            pid, code = dead[0]
+            how = (f"is killed by signal: {signal.strsignal(-code)}" if code < 0
+                   else f"exited with status {code}")
+            write_json_atomic(out / f"failure-rank{rank}.json", {
+                "type": "DataLoaderWorkerKilled",
+                "message": f"DataLoader worker (pid {pid}) {how}", "workers": dead})
+        raise
 
 
 def loader_config(args: argparse.Namespace, split: str, rank: int, world: int,

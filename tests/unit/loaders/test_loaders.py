@@ -172,3 +172,20 @@ def test_every_loader_says_how_many_samples_a_rank_trains_on(tree: Path, epoch_s
         loader = LOADERS[name](config(tree, world=2, epoch_samples=epoch_samples))
         sizes = [len(labels) for _, labels, _ in (loader.to_device(b) for b in loader.epoch(0))]
         assert loader.samples_per_rank == sum(sizes), name
+
+
+def test_a_killed_worker_is_named_by_its_pid_and_signal(tree: Path) -> None:
+    import os
+    import signal
+
+    loader = LOADERS["torch"](config(tree, num_workers=1))
+    batches = loader.epoch(0)
+    next(batches)
+    assert loader.dead_workers(wait_s=0) == []  # all alive
+    [worker] = loader.iterator._workers  # type: ignore[attr-defined]
+    # the DataLoader's SIGCHLD handler raises in the main thread at any moment after the kill
+    with pytest.raises((RuntimeError, ConnectionError)):
+        os.kill(worker.pid, signal.SIGKILL)
+        list(batches)
+    assert loader.dead_workers() == [(worker.pid, -signal.SIGKILL)]
+    assert LOADERS["synthetic"](config(tree)).dead_workers() == []
