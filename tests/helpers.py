@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import tomli_w
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,3 +37,19 @@ def write_spec(directory: Path, name: str = "tiny", fixed: dict | None = None,
     path.write_text(tomli_w.dumps(doc))
     return path
 
+
+
+@contextmanager
+def tmpfs(target: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at `target` with `options` (e.g. "ro,size=1m"): a real read-only or small
+    file system, which root cannot write past as it can past permission bits. Skips the test
+    where mounting is not permitted."""
+    target.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
+                          capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs ({options}) here: {done.stderr.decode().strip()}")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=False)

@@ -11,23 +11,15 @@ from pathlib import Path
 import pytest
 
 from multicard import store
-from tests.helpers import ROOT, TINY_FIXED, write_spec
+from tests.helpers import ROOT, TINY_FIXED, tmpfs, write_spec
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    target = tmp_path / "disk"
-    target.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(target)],
-                          capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "size=8m") as target:
         yield target
-    finally:
-        subprocess.run(["umount", "-l", str(target)], check=False)
 
 
 def fill(directory: Path) -> None:

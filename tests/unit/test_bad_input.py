@@ -12,7 +12,7 @@ import pytest
 import tomli_w
 
 from multicard import artifact, cli
-from tests.helpers import EXPERIMENTS, TINY_FIXED, write_spec
+from tests.helpers import EXPERIMENTS, TINY_FIXED, tmpfs, write_spec
 
 Case = Callable[[Path], list[str]]
 
@@ -157,17 +157,8 @@ def _files(root: Path) -> set[str]:
 
 @pytest.fixture
 def read_only_dir(tmp_path: Path) -> Iterator[Path]:
-    """A read-only file system (a tmpfs mounted ro): root ignores permission bits, not this."""
-    target = tmp_path / "ro"
-    target.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(target)],
-                          capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as target:
         yield target
-    finally:
-        subprocess.run(["umount", str(target)], check=False)
 
 
 def test_run_into_a_read_only_directory_is_refused_before_it_starts(
