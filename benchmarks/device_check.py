@@ -47,7 +47,9 @@ if str(ROOT / "src") not in sys.path:  # a bare checkout: no install needed
 
 from multicard import artifact, cost, report, runner, store, telemetry  # noqa: E402
 from multicard import spec as specmod  # noqa: E402
+from multicard.errors import InputError  # noqa: E402
 from multicard.profiling import nsys  # noqa: E402
+from multicard.stopping import GATE, Interrupted, stop_on_signals  # noqa: E402
 
 TARGET_S = 8 * 60
 STEP_CLOCK_TOLERANCE = 0.05
@@ -335,6 +337,19 @@ def finish(out: Path, done: list[str], rows: list[dict[str, Any]], loops: dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The check; bad input and stop requests end it with one line, as `multicard` does."""
+    try:
+        with stop_on_signals():
+            return check(argv)
+    except InputError as exc:
+        print(f"device_check: error: {exc}", file=sys.stderr)
+        return 2
+    except Interrupted as stop:
+        print(f"device_check: stopped by {stop}; the parts that finished are reported", file=sys.stderr)
+        return stop.exit_status
+
+
+def check(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its estimate")
@@ -380,7 +395,9 @@ def main(argv: list[str] | None = None) -> int:
         runner.run(s, out / name, data_dir=ROOT / "data", echo=print)
         done.append(name)
         rows += trial_checks(out / name, name)
-        finish(out, done, rows, loops, skipped)  # after every part: a cut-short run is verifiable
+        with GATE.hold():  # after every part, whole: a cut-short run is verifiable
+            finish(out, done, rows, loops, skipped)
+        GATE.check()
     summary = finish(out, done, rows, loops, skipped)
     print(f"multicard / plain loop: {_num(summary['multicard / plain loop'])} "
           f"({_num(summary['multicard_images_s'])} vs {_num(loops['plain_loop_images_s'])} images/s)")

@@ -7,6 +7,7 @@ and are neither listed nor reported as unlisted.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import os
@@ -42,24 +43,37 @@ def _listed_files(root: Path, sums_name: str = SUMS_FILE, ignore: tuple[str, ...
 
 def scan(root: Path, sums_name: str = SUMS_FILE, ignore: tuple[str, ...] = ()
          ) -> tuple[list[str], list[str]]:
-    """(regular files, entries that are not) under `root`, without following any link.
+    """(regular files, entries that are not, or cannot be trusted) under `root`, without
+    following any link.
 
     Only regular files are listed. A symbolic link (to a file, or to a folder anywhere), a FIFO,
     a socket or a device is named as unsafe: a checksum over its target would vouch for a file
-    outside the run, and reading a FIFO or device could block or change state."""
+    outside the run, and reading a FIFO or device could block or change state. So is a file with
+    several hard links (its other name, maybe outside the run, can change it after the check)
+    and a folder that cannot be read. Lock files (`*.lock`, empty: filelock's) are left out."""
     files, unsafe = [], []
-    for folder, subfolders, names in os.walk(root):  # followlinks=False: links are not entered
+
+    def unreadable(error: OSError) -> None:
+        unsafe.append(f"{Path(error.filename).relative_to(root).as_posix()} (cannot be read: "
+                      f"{error.strerror})")
+
+    for folder, subfolders, names in os.walk(root, onerror=unreadable):  # links are not entered
         for name in [*subfolders, *names]:
             path = Path(folder) / name
             rel = path.relative_to(root).as_posix()
-            mode = os.lstat(path).st_mode
-            if stat.S_ISDIR(mode):
+            info = os.lstat(path)
+            if stat.S_ISDIR(info.st_mode):
+                if rel == sums_name:
+                    unsafe.append(f"{rel} (a folder, not a checksum file)")
                 continue
-            if stat.S_ISREG(mode):
-                if rel != sums_name and rel not in ignore and not name.endswith(LOCK_SUFFIX):
-                    files.append(rel)
-            else:
-                unsafe.append(f"{rel} ({_kind(path, mode)})")
+            if not stat.S_ISREG(info.st_mode):
+                unsafe.append(f"{rel} ({_kind(path, info.st_mode)})")
+            elif name.endswith(LOCK_SUFFIX) and info.st_size == 0:
+                continue
+            elif info.st_nlink > 1:
+                unsafe.append(f"{rel} (a hard link: {info.st_nlink} names for one file)")
+            elif rel != sums_name and rel not in ignore:
+                files.append(rel)
     return sorted(files), sorted(unsafe)
 
 
@@ -105,10 +119,14 @@ def write_text_atomic(path: Path, text: str) -> None:
     none), never an empty or half-written one."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before it takes the name
         tmp.replace(path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise
 
 

@@ -3,33 +3,26 @@
 experiments/claims.toml holds one `[[claim]]` per claim: which experiment it reads, which configs
 it compares (`compare` against `against`, within every combination of the other factors, after
 `where`), on which metric, and what the paper says (`kind` + value). Verdicts come only from
-confidence intervals (README, "Claims and verdicts"):
+intervals (stats: Welch's t on log values for a ratio of means, Welch's t for a difference), and
+only from groups where each arm has at least the spec's `[trials].min_ok` ok trials (5 in the
+paper profile, 3 otherwise; 3 traced trials for trace metrics). Labels (README, "Claims and
+verdicts"):
 
-- `range` (C1, C2, C5, C15): the paper's range [lo, hi] for a quantity of the ratio
-  mean(against)/mean(compare) (the ratio itself, the gain (ratio - 1) or the time reduction
-  1 - 1/ratio, in %). A group supports it when its estimate lies in the range and contradicts it
-  when its whole CI lies outside; otherwise the group is inconclusive.
-- `direction` (C4, C7, C8, C12, C13, C16, C19...): the ratio is above 1 (`above`) or below 1
-  (`below`). Supported when the CI lies on that side of 1, contradicted when it lies on the other.
-- `negligible` (C3, C9, C14): no difference larger than `tolerance` (a fraction): supported when
-  the CI lies within 1 +- tolerance, contradicted when it lies entirely outside.
-- `outcome` (C11, C17): configs that the paper says fail (or run): supported when every attempt
-  of such a config ended in failure (or one ended ok), contradicted when the opposite happened.
-- `numa` (C10): the NUMA test's first answer (yes: supported, no: contradicted, partly:
-  inconclusive; README, NUMA).
-- `shrinks` (C6): the ratio is smaller at the largest value of `along` (e.g. 4 GPUs) than at the
-  smallest: supported when the two CIs do not overlap that way round, contradicted when they do
-  not overlap the other way round.
-- `dominates` (C18): in the traced trials of each config, the summed trace metrics `numerator`
-  exceed the summed `denominator` (ratio of means with its CI above 1).
-- `all`: several of the above (`parts`); contradicted if any part is, supported if all are.
+- `supported` / `contradicted`: the interval lies where the paper says / wholly where it does not.
+- `consistent (imprecise)`: the estimate agrees but the interval reaches beyond (a range or band).
+- `mixed`: groups (say 1 and 4 GPUs) decide both ways; the why names which.
+- `inconclusive`: intervals too wide, or too few ok trials (the why says n).
+- `invalid`: an attempt failed for a reason that is no resource limit (a harness error).
+- `not run`: the report holds no trials the claim can read.
 
-A metric named `trace.<key>` reads the per-trial trace summaries (profiled trials) instead of the
-timing trials.
-
-Across groups: supported if every evaluated group supports, contradicted if every one
-contradicts, inconclusive if they disagree or none decides; `not run` when the report has no
-trials the claim can read (for example a CPU smoke run for a claim about GPUs).
+Kinds: `range` (C1, C2, C5, C15: the paper's range for the ratio, gain or time reduction),
+`direction` (the ratio is above or below 1), `negligible` (within 1 +- tolerance), `not_worse`
+(C3: mean(against) - mean(compare) at most `tolerance`, in the metric's units), `outcome` (C11,
+C17: configs the paper says fail, or run; "fails" needs a resource cause: out of memory, shared
+memory, a killed worker or rank, an NCCL error), `numa` (C10), `shrinks` (C6), `dominates` (C18:
+summed trace metrics), `all` (parts: contradicted if any part is, supported if all are). A metric
+named `trace.<key>` reads the traced trials' summaries. Failed and timed-out attempts of a group
+are named in its why ("precision=fp64: 2 of 5 attempts timed out").
 """
 
 from __future__ import annotations
@@ -50,9 +43,15 @@ from multicard.params import WORKLOAD_METRICS, WORKLOAD_PARAMS
 from multicard.profiling.parse import empty_summary
 from multicard.spec import Spec
 
-KINDS = ("range", "direction", "negligible", "outcome", "numa", "dominates", "shrinks", "all")
+KINDS = ("range", "direction", "negligible", "not_worse", "outcome", "numa", "dominates", "shrinks",
+         "all")
 QUANTITIES = ("ratio", "gain_pct", "time_reduction_pct")
-VERDICTS = ("supported", "contradicted", "inconclusive", "not run")
+CONSISTENT = "consistent (imprecise)"
+VERDICTS = ("supported", "contradicted", CONSISTENT, "mixed", "inconclusive", "invalid", "not run")
+TRACED_MIN_OK = 3  # traced trials per config before a trace metric decides anything
+# failures that are the claim's "cannot run" (C11, C17), not a harness error
+RESOURCE_ERRORS = frozenset({"OutOfMemoryError", "OutOfMemory", "SharedMemoryExhausted",
+                             "DataLoaderWorkerKilled", "RankKilled", "NCCLError"})
 
 
 @dataclass(frozen=True)
@@ -87,8 +86,10 @@ class Evidence:
     value: float = math.nan
     ci_lo: float = math.nan
     ci_hi: float = math.nan
-    unit: str = "x"  # "x": a ratio; "%": a gain or time reduction
+    unit: str = "x"  # "x": a ratio; "%": a gain or time reduction; " points": a difference
     statuses: tuple[str, ...] = ()  # outcome claims
+    n: tuple[int, int] = (0, 0)  # ok trials of `against` and of `compare`
+    decision: str = ""  # this group's verdict
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,8 @@ def default_file() -> Path:
 
 
 def load(path: Path) -> list[Claim]:
+    if path.exists() and not path.is_file():
+        raise InputError(f"{path}: not a regular file: not a claims file")
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -180,7 +183,8 @@ def _check_names(where: str, claim: Claim) -> None:
     if unknown:
         raise InputError(f"{where}: numerator/denominator: unknown trace metric(s) {unknown}")
     needs = {"range": ("metric", "range"), "direction": ("metric",), "negligible": ("metric",),
-             "shrinks": ("metric",), "outcome": ("compare",), "dominates": ("numerator", "denominator")}
+             "not_worse": ("metric",), "shrinks": ("metric",), "outcome": ("compare",),
+             "dominates": ("numerator", "denominator")}
     missing = [k for k in needs.get(claim.kind, ()) if not getattr(claim, k)]
     if claim.kind != "all" and not claim.experiment:
         missing.insert(0, "experiment")
@@ -228,10 +232,13 @@ def _selected(frame: pd.DataFrame, selector: Mapping[str, Any]) -> pd.Series:
 
 
 def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
-    groups: list[tuple[str, stats.Ratio]] = []
+    """range, direction, negligible and not_worse: one decision per group of the other factors."""
+    groups: list[Evidence] = []
+    notes: list[str] = []
     metric = claim.metric.removeprefix("trace.")
     for run in runs:
-        source = run.traces if claim.metric.startswith("trace.") else run.trials
+        traced = claim.metric.startswith("trace.")
+        source = run.traces if traced else run.trials
         if source.empty or metric not in source:
             continue
         frame = _with_fixed(source, run.spec)
@@ -239,18 +246,66 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
         varied = set(claim.compare) | set(claim.against)
         others = [k for k in run.spec.grid if k not in varied and k in frame]
         grouped = frame.groupby(others, sort=False) if others else [((), frame)]
+        minimum = TRACED_MIN_OK if traced else run.spec.min_ok
         for keys, group in grouped:
             keys = keys if isinstance(keys, tuple) else (keys,)
             a = group.loc[_selected(group, claim.against), metric].dropna().tolist()
             b = group.loc[_selected(group, claim.compare), metric].dropna().tolist()
-            if a and b:
-                label = ", ".join(f"{k}={v}" for k, v in zip(others, keys, strict=True)) or "all"
-                groups.append((label, stats.ratio_of_means(a, b)))
+            if not (a and b):
+                continue
+            label = ", ".join(f"{k}={v}" for k, v in zip(others, keys, strict=True)) or "all"
+            groups.append(_group(claim, label, a, b, minimum))
+            notes += _attempt_notes(claim, run, dict(zip(others, keys, strict=True)), traced)
     if not groups:
         return Verdict(claim, "not run", f"no trials of {claim.experiment} match the comparison")
-    decisions = [_decide(claim, ratio) for _, ratio in groups]
-    evidence = tuple(_evidence(claim, label, ratio) for label, ratio in groups)
-    return Verdict(claim, _across(decisions), _why(decisions), evidence)
+    return _verdict(claim, groups, notes)
+
+
+def _group(claim: Claim, label: str, a: list[float], b: list[float], minimum: int) -> Evidence:
+    """One group's evidence and decision; too few ok trials decide nothing."""
+    if claim.kind == "not_worse":
+        diff = stats.difference_of_means(a, b)
+        value, lo, hi, unit = diff.value, diff.ci_lo, diff.ci_hi, " points"
+        decision = _decide_margin(claim, diff) if min(len(a), len(b)) >= minimum else "too few"
+        scale = 100.0  # accuracy fractions are shown in percentage points
+        return Evidence(label, scale * value, scale * lo, scale * hi, unit, n=(len(a), len(b)),
+                        decision=decision)
+    ratio = stats.ratio_of_means(a, b)
+    decision = _decide(claim, ratio) if min(len(a), len(b)) >= minimum else "too few"
+    return replace(_evidence(claim, label, ratio), n=(len(a), len(b)), decision=decision)
+
+
+def _attempt_notes(claim: Claim, run: Results, group: Mapping[str, Any], traced: bool) -> list[str]:
+    """"precision=fp64: 2 of 5 attempts timed out" for each arm of a group that lost attempts."""
+    notes = []
+    for arm in (claim.against, claim.compare):
+        statuses = [r["status"] for r in run.records if r.get("experiment") == run.spec.name
+                    and (r.get("trace", "none") != "none") == traced
+                    and r["status"] not in ("skipped", "interrupted")
+                    and _matches({**run.spec.fixed, **r["config"]}, {**group, **arm, **claim.where})]
+        bad = [s for s in statuses if s != "ok"]
+        if bad:
+            arm_label = ", ".join(f"{k}={v}" for k, v in {**arm, **group}.items())
+            causes = ", ".join(f"{n} {_STATUS_WORDS.get(s, s)}" for s, n in sorted(
+                {s: bad.count(s) for s in bad}.items()))
+            notes.append(f"{arm_label}: {len(bad)} of {len(statuses)} attempts not ok ({causes})")
+    return notes
+
+
+_STATUS_WORDS = {"timeout": "timed out", "oom": "out of memory", "failed": "failed"}
+
+
+def _matches(settings: Mapping[str, Any], selector: Mapping[str, Any]) -> bool:
+    return all(settings.get(k) in _levels(v) for k, v in selector.items())
+
+
+def _verdict(claim: Claim, groups: list[Evidence], notes: list[str]) -> Verdict:
+    decisions = ["inconclusive" if g.decision == "too few" else g.decision for g in groups]
+    verdict = _across(decisions)
+    why = _why(groups, verdict)
+    if notes:
+        why += "; " + "; ".join(notes)
+    return Verdict(claim, verdict, why, tuple(groups))
 
 
 def _with_fixed(trials: pd.DataFrame, spec: Spec) -> pd.DataFrame:
@@ -274,59 +329,121 @@ def _decide(claim: Claim, ratio: stats.Ratio) -> str:
     if math.isnan(ratio.ci_lo):
         return "inconclusive"
     lo, hi = sorted((_quantity(claim, ratio.ci_lo), _quantity(claim, ratio.ci_hi)))
+    point = _quantity(claim, ratio.value)
     if claim.kind == "range":
         assert claim.range is not None
-        low, high = claim.range
-        if hi < low or lo > high:
-            return "contradicted"
-        return "supported" if low <= _quantity(claim, ratio.value) <= high else "inconclusive"
+        return _inside(lo, hi, point, *claim.range)
     if claim.kind == "direction":
         side = stats.direction(ratio.ci_lo, ratio.ci_hi)
         other = "below" if claim.side == "above" else "above"
         return "supported" if side == claim.side else "contradicted" if side == other else "inconclusive"
-    band = (1 - claim.tolerance, 1 + claim.tolerance)  # negligible
-    if band[0] <= ratio.ci_lo and ratio.ci_hi <= band[1]:
+    return _inside(ratio.ci_lo, ratio.ci_hi, ratio.value,
+                   1 - claim.tolerance, 1 + claim.tolerance)  # negligible
+
+
+def _inside(lo: float, hi: float, point: float, low: float, high: float) -> str:
+    """An interval against the band [low, high]: within it, wholly outside it, or only the point."""
+    if low <= lo and hi <= high:
         return "supported"
-    return "contradicted" if ratio.ci_hi < band[0] or ratio.ci_lo > band[1] else "inconclusive"
+    if hi < low or lo > high:
+        return "contradicted"
+    return CONSISTENT if low <= point <= high else "inconclusive"
+
+
+def _decide_margin(claim: Claim, diff: stats.Difference) -> str:
+    """not_worse: the loss (against - compare) is at most `tolerance`."""
+    if math.isnan(diff.ci_lo):
+        return "inconclusive"
+    if diff.ci_hi <= claim.tolerance:
+        return "supported"
+    if diff.ci_lo > claim.tolerance:
+        return "contradicted"
+    return CONSISTENT if diff.value <= claim.tolerance else "inconclusive"
 
 
 def _across(decisions: list[str]) -> str:
-    if all(d == "supported" for d in decisions):
+    """One verdict from the groups': every group must agree for supported or contradicted."""
+    found = set(decisions)
+    if not found:
+        return "not run"
+    if "invalid" in found:
+        return "invalid"
+    if found == {"supported"}:
         return "supported"
-    if all(d == "contradicted" for d in decisions):
+    if found == {"contradicted"}:
         return "contradicted"
+    if {"supported", "contradicted"} <= found:
+        return "mixed"
+    if found <= {"supported", CONSISTENT}:
+        return CONSISTENT
     return "inconclusive"
 
 
-def _why(decisions: list[str]) -> str:
-    counts = {v: decisions.count(v) for v in ("supported", "contradicted", "inconclusive") if v in decisions}
-    text = ", ".join(f"{n} {v}" for v, n in counts.items())
-    return f"{len(decisions)} comparison(s): {text}"
+def _why(groups: list[Evidence], verdict: str) -> str:
+    """How many groups decided what, naming the groups when they disagree or had too few trials."""
+    by: dict[str, list[str]] = {}
+    for g in groups:
+        by.setdefault(g.decision, []).append(g.label)
+    parts = []
+    for decision, labels in by.items():
+        named = verdict in ("mixed", "inconclusive", CONSISTENT) or decision == "too few"
+        if decision == "too few":
+            shown = ", ".join(f"{g.label} (n = {g.n[0]}/{g.n[1]})" for g in groups
+                              if g.decision == "too few")
+            parts.append(f"{len(labels)} with too few ok trials per arm: {shown}")
+        else:
+            parts.append(f"{len(labels)} {decision}" + (f" ({', '.join(labels)})" if named else ""))
+    return f"{len(groups)} comparison(s): " + ", ".join(parts)
 
 
 def _evidence(claim: Claim, label: str, ratio: stats.Ratio) -> Evidence:
     """The ratio as the quantity the claim states (gain and time reduction grow with the ratio,
     so the CI maps end to end)."""
     return Evidence(label, _quantity(claim, ratio.value), _quantity(claim, ratio.ci_lo),
-                    _quantity(claim, ratio.ci_hi), "x" if claim.quantity == "ratio" else "%")
+                    _quantity(claim, ratio.ci_hi), "x" if claim.quantity == "ratio" else "%",
+                    n=(ratio.n_baseline, ratio.n_other))
 
 
 def _outcome(claim: Claim, runs: list[Results]) -> Verdict:
-    by_config: dict[str, set[str]] = {}  # statuses of every attempt of each named config
+    """Each named config ran (an ok attempt) or failed for a resource; anything else is a harness
+    error (invalid), and attempts that only timed out cannot tell slow from failing."""
+    by_config: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         for record in run.records:
-            settings = {**run.spec.fixed, **record["config"]}
-            if record.get("experiment") == run.spec.name and record.get("status") != "interrupted" \
-                    and all(settings.get(k) in _levels(v) for k, v in claim.compare.items()):
-                by_config.setdefault(str(record["config"]), set()).add(record["status"])
-    expected_run = claim.outcome == "runs"
-    decisions = [("ok" in statuses) == expected_run for statuses in by_config.values()
-                 if statuses != {"skipped"}]
-    if not decisions:
+            if record.get("experiment") == run.spec.name and record.get("status") not in (
+                    "interrupted", "skipped") and record.get("trace", "none") == "none" \
+                    and _matches({**run.spec.fixed, **record["config"]}, claim.compare):
+                by_config.setdefault(str(record["config"]), []).append(record)
+    if not by_config:
         return Verdict(claim, "not run", "no attempted trial of the configs the claim names")
-    verdicts = ["supported" if agrees else "contradicted" for agrees in decisions]
-    evidence = tuple(Evidence(config, statuses=tuple(sorted(s))) for config, s in by_config.items())
-    return Verdict(claim, _across(verdicts), _why(verdicts), evidence)
+    groups = [_outcome_group(claim, config, records) for config, records in by_config.items()]
+    return _verdict(claim, groups, [])
+
+
+def _outcome_group(claim: Claim, config: str, records: list[dict[str, Any]]) -> Evidence:
+    statuses = tuple(sorted({r["status"] for r in records}))
+    if "ok" in statuses:
+        ran = True
+    else:
+        causes = {_failure_kind(r) for r in records}
+        if "harness" in causes:
+            return Evidence(config, statuses=statuses, decision="invalid", n=(len(records), 0))
+        if causes == {"timeout"}:
+            return Evidence(config, statuses=statuses, decision="inconclusive", n=(len(records), 0))
+        ran = False
+    agrees = ran == (claim.outcome == "runs")
+    return Evidence(config, statuses=statuses, n=(len(records), 0),
+                    decision="supported" if agrees else "contradicted")
+
+
+def _failure_kind(record: dict[str, Any]) -> str:
+    """"resource", "timeout" or "harness" for an attempt that did not end ok."""
+    if record["status"] == "oom":
+        return "resource"
+    if record["status"] == "timeout":
+        return "timeout"
+    error = record.get("error") or {}
+    return "resource" if error.get("type") in RESOURCE_ERRORS else "harness"
 
 
 def _levels(wanted: Any) -> list[Any]:
@@ -334,8 +451,7 @@ def _levels(wanted: Any) -> list[Any]:
 
 
 def _shrinks(claim: Claim, runs: list[Results]) -> Verdict:
-    decisions: list[str] = []
-    evidence: list[Evidence] = []
+    groups: list[Evidence] = []
     for run in runs:
         if claim.along not in run.spec.grid or len(run.spec.grid[claim.along]) < 2:
             continue
@@ -349,21 +465,29 @@ def _shrinks(claim: Claim, runs: list[Results]) -> Verdict:
             b = frame.loc[_selected(frame, claim.compare), claim.metric].dropna().tolist()
             ratios.append(stats.ratio_of_means(a, b) if a and b else None)
         first, last = ratios
-        if first is None or last is None or math.isnan(first.ci_lo) or math.isnan(last.ci_lo):
-            decisions.append("inconclusive")
+        if first is None or last is None:
             continue
-        decisions.append("supported" if last.ci_hi < first.ci_lo else
-                         "contradicted" if last.ci_lo > first.ci_hi else "inconclusive")
-        evidence += [_evidence(claim, f"{claim.along}={ends[0]}", first),
-                     _evidence(claim, f"{claim.along}={ends[-1]}", last)]
-    if not decisions:
+        enough = min(first.n_baseline, first.n_other, last.n_baseline, last.n_other) >= run.spec.min_ok
+        if not enough:
+            decision = "too few"
+        elif math.isnan(first.ci_lo) or math.isnan(last.ci_lo):
+            decision = "inconclusive"
+        else:
+            decision = ("supported" if last.ci_hi < first.ci_lo else
+                        "contradicted" if last.ci_lo > first.ci_hi else "inconclusive")
+        for value, ratio in ((ends[0], first), (ends[-1], last)):
+            groups.append(replace(_evidence(claim, f"{claim.along}={value}", ratio),
+                                  decision=decision))
+    if not groups:
         return Verdict(claim, "not run", f"no run of {claim.experiment} varies {claim.along}")
-    return Verdict(claim, _across(decisions), _why(decisions), tuple(evidence))
+    # the two ends of one run make one decision: count it once
+    pairs = groups[::2]
+    verdict = _across(["inconclusive" if g.decision == "too few" else g.decision for g in pairs])
+    return Verdict(claim, verdict, _why(pairs, verdict), tuple(groups))
 
 
 def _dominates(claim: Claim, runs: list[Results]) -> Verdict:
-    decisions: list[str] = []
-    evidence: list[Evidence] = []
+    groups: list[Evidence] = []
     for run in runs:
         frame = run.traces
         if frame.empty or not set(claim.numerator + claim.denominator) <= set(frame):
@@ -372,11 +496,12 @@ def _dominates(claim: Claim, runs: list[Results]) -> Verdict:
         for cid, group in frame.groupby("config_id", sort=False):
             ratio = stats.ratio_of_means(group[list(claim.numerator)].sum(axis=1).tolist(),
                                          group[list(claim.denominator)].sum(axis=1).tolist())
-            decisions.append(_decide(replace(claim, kind="direction", side="above"), ratio))
-            evidence.append(_evidence(claim, str(cid), ratio))
-    if not decisions:
+            decision = _decide(replace(claim, kind="direction", side="above"), ratio) \
+                if len(group) >= TRACED_MIN_OK else "too few"
+            groups.append(replace(_evidence(claim, str(cid), ratio), decision=decision))
+    if not groups:
         return Verdict(claim, "not run", f"no traced trials of {claim.experiment} (--trace torch|nsys)")
-    return Verdict(claim, _across(decisions), _why(decisions), tuple(evidence))
+    return _verdict(claim, groups, [])
 
 
 def _numa(claim: Claim, runs: list[Results]) -> Verdict:
@@ -389,19 +514,26 @@ def _numa(claim: Claim, runs: list[Results]) -> Verdict:
 
 
 JUDGES: dict[str, Callable[[Claim, list[Results]], Verdict]] = {
-    "range": _ratios, "direction": _ratios, "negligible": _ratios, "outcome": _outcome,
-    "shrinks": _shrinks, "dominates": _dominates, "numa": _numa,
+    "range": _ratios, "direction": _ratios, "negligible": _ratios, "not_worse": _ratios,
+    "outcome": _outcome, "shrinks": _shrinks, "dominates": _dominates, "numa": _numa,
 }
 
 
 def _combine_parts(claim: Claim, verdicts: list[Verdict]) -> Verdict:
+    """A claim of several parts holds when every part does and fails when any part does."""
     kinds = [v.verdict for v in verdicts]
     if all(k == "not run" for k in kinds):
         verdict = "not run"
+    elif "invalid" in kinds:
+        verdict = "invalid"
     elif "contradicted" in kinds:
         verdict = "contradicted"
     elif all(k == "supported" for k in kinds):
         verdict = "supported"
+    elif "mixed" in kinds:
+        verdict = "mixed"
+    elif set(kinds) <= {"supported", CONSISTENT}:
+        verdict = CONSISTENT
     else:
         verdict = "inconclusive"
     why = "; ".join(f"part {i + 1}: {v.verdict} ({v.why})" for i, v in enumerate(verdicts))

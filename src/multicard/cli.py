@@ -6,8 +6,10 @@ Exit status: 0 ok; 1 a check failed (verify); 2 bad input, reported on one line.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -30,8 +32,9 @@ class _Parser(argparse.ArgumentParser):
 def cmd_plan(args: argparse.Namespace) -> int:
     from multicard import spec
 
-    specs = [spec.load(path, profile or args.profile, dict(args.set)) for path, profile in args.spec]
-    plans = [spec.plan(s, args.trials, args.trace) for s in specs]
+    specs = [spec.with_trials(spec.load(path, profile or args.profile, dict(args.set)), args.trials)
+             for path, profile in args.spec]
+    plans = [spec.plan(s, None, args.trace) for s in specs]
     if args.json:
         print(json.dumps([{"config_id": p.config_id, "config": p.config, "trial": p.trial}
                           | ({"trace": p.trace} if p.trace != "none" else {})
@@ -83,14 +86,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.rdzv_endpoint is not None:
         rendezvous_endpoint(args.rdzv_endpoint)
     overrides = dict(args.set) | ({"nnodes": args.nnodes} if args.nnodes else {})
-    s = spec.load(args.spec, args.profile, overrides)
+    s = spec.with_trials(spec.load(args.spec, args.profile, overrides), args.trials)
     nnodes = max(int(settings["nnodes"]) for _, _, settings in spec.configs(s))
     node_rank = _node_rank(args.node_rank, nnodes)
     out = args.out or Path("artifact/runs") / (
         f"{s.name}-{s.profile}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}")
     _check_out(out)
-    outcome = runner.run(s, out, trials=args.trials, trace=args.trace,
-                         rdzv_endpoint=args.rdzv_endpoint, node_rank=node_rank)
+    outcome = runner.run(s, out, trace=args.trace, rdzv_endpoint=args.rdzv_endpoint,
+                         node_rank=node_rank)
     print(f"next: multicard report {outcome.out}")
     return 0
 
@@ -99,7 +102,7 @@ def rendezvous_endpoint(text: str) -> tuple[str, int]:
     """`HOST:PORT` (or `[IPv6]:PORT`) -> (host, port); bad input otherwise."""
     host, sep, port = text.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535 \
+    if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65535 \
             or any(c.isspace() for c in host):
         raise InputError(f"--rdzv-endpoint: expected HOST:PORT with a port 1-65535, got {text!r}")
     return host, int(port)
@@ -111,7 +114,7 @@ def _node_rank(given: int | None, nnodes: int) -> int:
         if nnodes == 1:
             return 0  # one node per trial: whatever node of an allocation this is
         text = os.environ.get("SLURM_NODEID", "0")
-        if not text.isdigit():
+        if not re.fullmatch(r"[0-9]{1,4}", text):
             raise InputError(f"SLURM_NODEID: expected a node index, got {text!r}")
         given = int(text)
     if not 0 <= given < nnodes:
@@ -146,15 +149,32 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.out is None and len(args.dirs) != 1:
         raise InputError("report: several DIRs need --out (where REPORT.md and tables go)")
+    for directory in args.dirs:
+        report.discover_runs(directory)  # each DIR holds runs: checked before anything is made
     out = args.out or args.dirs[0]
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: --out exists and is not a directory")
     claim_file = args.claims or claims.default_file()
     claim_list = claims.load(claim_file) if args.claims or claim_file.is_file() else None
-    out.mkdir(parents=True, exist_ok=True)
-    sums = report.write_report(args.dirs, out, claim_list)
+    make_dir(out, "--out")
+    try:
+        sums = report.write_report(args.dirs, out, claim_list)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            raise
+        print(f"multicard: error: {out}: {exc.strerror} while writing the report; its SHA256SUMS "
+              "is not up to date: free space and run the report again", file=sys.stderr)
+        return 1
     print(f"wrote {out / 'REPORT.md'}, tables/, figures/ and {sums}")
     return 0
+
+
+def make_dir(path: Path, what: str) -> None:
+    """mkdir -p, or one line of bad input saying why not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{path}: {what} cannot be created ({exc.strerror})") from None
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -182,6 +202,9 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if target.is_dir():
         raise InputError(f"{target}: --out is a directory; name the archive file (e.g. {target}/"
                          f"{args.dir.resolve().name}{pack.SUFFIX})")
+    if target.exists() and not target.is_file():
+        raise InputError(f"{target}: --out exists and is not a regular file (a device, FIFO or "
+                         "socket is never replaced)")
     print(pack.pack(args.dir, target))
     return 0
 
@@ -228,8 +251,13 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     out = args.out or scenario_b.tree_path(root, args.size, args.format)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: --out exists and is not a directory")
+    if (blocked := next((p for p in out.parents if p.exists() and not p.is_dir()), None)) is not None:
+        raise InputError(f"{out}: --out cannot be created ({blocked} is a file)")
     request = scenario_b.Request(root / "mnist", out, args.size, args.format, args.limit)
-    scenario_b.prepare(request, workers=args.workers)
+    from multicard.stopping import stop_on_signals
+
+    with stop_on_signals():  # SIGTERM ends the workers too; a resume finishes the tree
+        scenario_b.prepare(request, workers=args.workers)
     return 0
 
 
@@ -339,8 +367,9 @@ def _spec_args(p: argparse.ArgumentParser, several: bool = False) -> None:
     else:
         p.add_argument("spec", type=Path, metavar="SPEC", help="experiment TOML")
     p.add_argument("--profile", default="paper", help="paper (default) or a profile of the spec")
-    p.add_argument("--trials", type=_bounded_int(1, 1000),
-                   help="trials per config, at most 1000 (default: the spec's)")
+    p.add_argument("--trials", type=_trials,
+                   help="trials per config, at most 1000, or auto[:MIN..MAX]: rounds until every "
+                        "interval is within [trials].half_width (default: the spec's)")
     p.add_argument("--set", type=_setting, action="append", metavar="KEY=VALUE", default=[],
                    help="fix a setting for this run (TOML value; a string may be bare), e.g. "
                         "--set weights=/models/llama3-8b/original; repeatable")
@@ -367,6 +396,18 @@ def _setting(text: str) -> tuple[str, Any]:
         return key.strip(), tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
         return key.strip(), value  # a bare string: a path, a name
+
+
+def _trials(text: str) -> int | str:
+    if text.strip().startswith("auto"):
+        from multicard import spec
+
+        try:  # checked now, applied once the spec is loaded
+            spec.parse_auto(text, 3, spec.HALF_WIDTH_DEFAULT, "--trials")
+        except InputError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("--trials: ")) from None
+        return text.strip()
+    return _bounded_int(1, 1000)(text)
 
 
 def _bounded_int(lo: int, hi: int) -> Callable[[str], int]:
@@ -428,11 +469,12 @@ def _main(argv: list[str] | None) -> int:
         print(f"multicard: error: {exc}", file=sys.stderr)
         return 1
     except BaseException as exc:
-        from multicard.runner import Interrupted
+        from multicard.stopping import Interrupted
 
         if not isinstance(exc, Interrupted):
             raise
-        where = f"; run the same command to resume {exc.out}" if exc.out else ""
+        where = f"; run the same command to resume {exc.out}" if exc.out else \
+            "; run the same command to resume"
         ended = ", the trial in flight ended and recorded as interrupted" if exc.record else ""
         print(f"multicard: stopped by {exc}{ended}{where}", file=sys.stderr)
         return exc.exit_status

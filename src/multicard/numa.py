@@ -88,8 +88,9 @@ def parse_cpulist(text: str) -> list[int]:
         if not part:
             continue
         lo, _, hi = part.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise ValueError(f"not a CPU list: {text!r}")
+        if not re.fullmatch(r"[0-9]+", lo) or (hi and not re.fullmatch(r"[0-9]+", hi)) \
+                or (hi and int(hi) < int(lo)):
+            raise ValueError(f"not a CPU list: {text[:60]!r}")
         if max(int(lo), int(hi or lo)) >= MAX_CPUS:
             raise ValueError(f"CPU number beyond {MAX_CPUS - 1} in {text[:60]!r}")
         cpus.update(range(int(lo), int(hi or lo) + 1))
@@ -118,6 +119,8 @@ def _distances(text: str) -> dict[int, dict[int, int]]:
     if start is None or start + 1 >= len(lines):
         return {}
     header = [int(x) for x in lines[start + 1].split()[1:]]
+    if header and max(header) >= MAX_NODES:
+        raise ValueError(f"a distance matrix of node {max(header)}: beyond any machine's {MAX_NODES} nodes")
     table = {}
     for line in lines[start + 2:]:
         if match := re.match(r"\s*(\d+):\s+([\d\s]+)$", line):
@@ -182,6 +185,8 @@ def from_files(paths: Iterable[Path]) -> Topology:
     links: dict[str, dict[str, str]] = {}
     distances: dict[int, dict[int, int]] = {}
     for path in paths:
+        if path.exists() and not path.is_file():
+            raise InputError(f"{path}: not a regular file (a FIFO or device is never read)")
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
             kind = detect_format(text)

@@ -16,6 +16,7 @@ the tree), device files, FIFOs, and files with the setuid or setgid bit.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import posixpath
@@ -41,9 +42,9 @@ def pack(root: Path, target: Path) -> Path:
     listed, _ = artifact.read_checksums(root / artifact.SUMS_FILE)
     top = root.resolve().name
     mtime = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         with tmp.open("wb") as raw, \
                 gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as compressed, \
                 tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -54,7 +55,8 @@ def pack(root: Path, target: Path) -> Path:
                     tar.addfile(_info(f"{top}/{rel}", tarfile.REGTYPE, path.stat().st_size, mtime), f)
         tmp.replace(target)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)  # no half-written archive left behind
+        with contextlib.suppress(OSError):  # no half-written archive left behind
+            tmp.unlink(missing_ok=True)
         raise InputError(f"{target}: cannot write the archive ({exc.strerror})") from None
     return target
 

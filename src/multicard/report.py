@@ -332,7 +332,7 @@ def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | N
     sections += [_failures_section(runs, out), _compute_section(runs, out), _verify_section(out)]
     header = (f"# multicard report\n\nGenerated {datetime.now(UTC).isoformat(timespec='seconds')} "
               f"by multicard {multicard.__version__}.\n")
-    (out / "REPORT.md").write_text("\n".join([header, *sections]), encoding="utf-8")
+    artifact.write_text_atomic(out / "REPORT.md", "\n".join([header, *sections]))
     return artifact.write_checksums(out)
 
 
@@ -472,10 +472,10 @@ def _trace_sections(spec: Spec, records: list[dict[str, Any]], name: str, tables
 def _write_tables(stem: Path, display: pd.DataFrame, csv: str, tex: bool = False) -> str:
     """<stem>.md (and .tex) from the display table, <stem>.csv from the numbers; returns the md."""
     markdown = render_markdown(display)
-    stem.with_suffix(".md").write_text(markdown, encoding="utf-8")
-    stem.with_suffix(".csv").write_text(csv, encoding="utf-8")
+    artifact.write_text_atomic(stem.with_suffix(".md"), markdown)
+    artifact.write_text_atomic(stem.with_suffix(".csv"), csv)
     if tex:
-        stem.with_suffix(".tex").write_text(render_latex(display), encoding="utf-8")
+        artifact.write_text_atomic(stem.with_suffix(".tex"), render_latex(display))
     return markdown
 
 
@@ -531,9 +531,9 @@ def evidence_text(evidence: tuple[claims.Evidence, ...], shown: int = 6) -> str:
     """`gpus=1: 60% [58.8, 61.2]; ...`, the first `shown` groups and how many more there are."""
     def one(e: claims.Evidence) -> str:
         if e.statuses:
-            return f"{e.label}: {'/'.join(e.statuses)}"
+            return f"{e.label}: {'/'.join(e.statuses)} ({e.n[0]} attempts)"
         ci = "" if math.isnan(e.ci_lo) else f" [{e.ci_lo:.3g}, {e.ci_hi:.3g}]"
-        return f"{e.label}: {e.value:.3g}{e.unit}{ci}"
+        return f"{e.label}: {e.value:.3g}{e.unit}{ci} (n {e.n[0]}/{e.n[1]})"
 
     text = "; ".join(one(e) for e in evidence[:shown]) or "–"
     return text + (f" (+{len(evidence) - shown} more)" if len(evidence) > shown else "")
@@ -553,8 +553,8 @@ def _failures_section(runs: list[RunData], out: Path) -> str:
         rows += [{"experiment": run.spec.name, "run": _rel(run.path, out), **row}
                  for row in causes.to_dict("records")]
     torn = "".join(f"\n`{_rel(run.path, out)}/trials.jsonl`: {len(run.torn_lines)} line(s) skipped "
-                   f"(line {', '.join(map(str, run.torn_lines))}): not a complete record, as a crash "
-                   "mid-write leaves one; the attempt it described, if any, runs again on resume.\n"
+                   f"(line {_some(run.torn_lines)}): not a complete record, as a crash mid-write "
+                   "leaves one; the attempt it described, if any, runs again on resume.\n"
                    for run in runs if run.torn_lines)
     if not rows:
         return "## Failures and skips\n\nNo attempt failed and no config was skipped.\n" + torn
@@ -565,6 +565,11 @@ def _failures_section(runs: list[RunData], out: Path) -> str:
             "per-trial list is in each section above, the stderr of a failed attempt in "
             "`raw/<config>-t<trial>-a<attempt>/stderr.log`.\n\n"
             + render_markdown(table) + torn)
+
+
+def _some(numbers: list[int], shown: int = 10) -> str:
+    more = f" and {len(numbers) - shown} more" if len(numbers) > shown else ""
+    return ", ".join(map(str, numbers[:shown])) + more
 
 
 def _first_line(message: object) -> str:

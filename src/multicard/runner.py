@@ -18,9 +18,8 @@ import re
 import shutil
 import signal
 import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,17 +27,17 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from multicard import artifact, cost, devices, kinds, launch, store, telemetry
+from multicard import adaptive, artifact, cost, devices, kinds, launch, store, telemetry
 from multicard import spec as specmod
 from multicard.data import mnist
 from multicard.errors import InputError
 from multicard.profiling import nsys, parse
 from multicard.spec import PlannedTrial, Spec
+from multicard.stopping import GATE, Interrupted, stop_on_signals
 
 STDERR_TAIL_CHARS = 4000
 # SIGTERM, then SIGKILL for what is left: well inside Slurm's KillWait (30 s by default)
 KILL_GRACE_S = 5.0
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 OOM_PATTERNS = ("CUDA out of memory", "OutOfMemoryError", "out of memory",
                 "DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 # Causes that a traceback's exception type would hide (a DataLoader worker dying shows up as a
@@ -50,6 +49,9 @@ CAUSES = (
      "DataLoaderWorkerKilled"),
     # torchrun's summary when a rank died from a signal (the kernel's OOM killer sends SIGKILL)
     (re.compile(r"Signal \d+ \(SIG\w+\) received by PID \d+"), "RankKilled"),
+    # NCCL's own errors (ncclSystemError, ncclUnhandledCudaError, ..., and the watchdog's timeouts)
+    (re.compile(r"NCCL error|nccl\w*Error|NCCL communicator|ProcessGroupNCCL.*(?:Timeout|timed out)"),
+     "NCCLError"),
 )
 _EXCEPTION_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)):\s*(.*)$")
 
@@ -62,58 +64,8 @@ class StorageFull(Exception):  # noqa: N818 (a condition of the machine, reporte
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-class Interrupted(BaseException):
-    """The runner was told to stop (SIGTERM, SIGHUP, Ctrl-C). The trial in flight has been ended,
-    every process of it, and recorded as `interrupted`; running again resumes."""
-
-    def __init__(self, signum: int, out: Path | None = None) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum, self.out = signum, out
-        self.record: dict[str, Any] | None = None  # the attempt that was in flight
-
-    @property
-    def exit_status(self) -> int:
-        return 128 + self.signum  # what a shell reports for a process killed by the signal
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise Interrupted in the main thread, once: the second signal that
-    Slurm, nox or a user may send does not cut the clean-up short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    fired: list[int] = []
-
-    def stop(signum: int, frame: object) -> None:
-        if not fired:
-            fired.append(signum)
-            raise Interrupted(signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def stop_deferred() -> Iterator[None]:
-    """Hold SIGTERM and SIGHUP while a record is written, so a stop never tears a line; a signal
-    that arrives meanwhile is delivered right after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-
-
 def append_record(trials_file: Path, record: dict[str, Any]) -> None:
-    with stop_deferred():
+    with GATE.hold():  # a stop never tears a record
         store.append(trials_file, record)
 
 
@@ -142,6 +94,10 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
     """
     if any(int(s["nnodes"]) > 1 for _, _, s in specmod.configs(spec)) and not rdzv_endpoint:
         raise InputError(f"{spec.path}: nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+    # everything that can refuse the run does so before a file is written
+    spec = dataclasses.replace(spec, trials=trials or spec.trials,
+                               trace=resolve_trace(spec, trace or spec.trace, echo))
+    _check_devices(spec, specmod.plan(spec))
     if node_rank:
         out = out / "nodes" / f"node{node_rank}"
     try:
@@ -154,15 +110,11 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
     except Timeout:
         raise InputError(f"{out}: another multicard run is using this directory") from None
     try:
-        spec = dataclasses.replace(spec, trials=trials or spec.trials,
-                                   trace=resolve_trace(spec, trace or spec.trace, echo))
         data_dir = (data_dir or mnist.default_root()).resolve()
         with stop_on_signals():
             _prepare(spec, out, data_dir)
             _prepare_inputs(spec, out, data_dir, echo)
             return _run_pending(spec, out, data_dir, echo, rdzv_endpoint)
-    except KeyboardInterrupt:
-        raise Interrupted(signal.SIGINT, out) from None
     except Interrupted as stop:
         stop.out = out
         raise
@@ -227,9 +179,13 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
     ok = failed = skipped = 0
     walls: list[float] = []
     machine = kinds.this_machine(_check_devices(spec, todo))
+    rounds = RoundKeeper(spec, trials_file, out / AUTO_FILE, echo)
     for index, planned_trial in enumerate(todo):
+        if not rounds.wanted(planned_trial):
+            continue
         reason = kinds.KINDS[spec.workload].unrunnable(planned_trial.params, planned_trial.trace,
                                                        machine)
+        GATE.check()  # a stop that came while the last record was written
         if reason:
             record = skipped_record(spec, planned_trial, *reason)
         else:
@@ -240,6 +196,7 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
                     append_record(trials_file, stop.record)
                 raise
         append_record(trials_file, record)
+        GATE.check()  # a stop that came after the trial ended: its record is safe now
         if record["status"] != "skipped":
             walls.append(record["wall_s"])
         ok += record["status"] == "ok"
@@ -249,9 +206,57 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
         eta = sum(walls) / len(walls) * remaining if walls else 0.0
         echo(f"[{index + 1:>{len(str(len(todo)))}}/{len(todo)}] {describe(planned_trial)}: "
              f"{record['status']} in {record['wall_s']:.1f} s | ETA {format_duration(eta)}")
+    rounds.finish()
     reasons = " (reasons in the records)" if skipped else ""
     echo(f"{spec.name}: {ok} ok, {failed} failed, {skipped} skipped{reasons}; records in {trials_file}")
-    return RunOutcome(out, len(todo), ok, failed, skipped, len(planned) - len(todo))
+    return RunOutcome(out, ok + failed + skipped, ok, failed, skipped, len(planned) - len(todo))
+
+
+AUTO_FILE = "auto.json"
+
+
+class RoundKeeper:
+    """With `[trials].count = "auto"`: before each new round of timing trials (from the
+    minimum on) ask adaptive.decide whether the intervals are tight enough, and skip the rounds
+    after a stop. Every decision is written to auto.json (why the run stopped). Without auto
+    every planned trial is wanted."""
+
+    def __init__(self, spec: Spec, trials_file: Path, target: Path, echo: Callable[[str], None]) -> None:
+        self.spec, self.trials_file, self.target, self.echo = spec, trials_file, target, echo
+        self.round = -1
+        self.stopped_at: int | None = None
+        self.decision: adaptive.Decision | None = None
+
+    def wanted(self, planned: PlannedTrial) -> bool:
+        auto = self.spec.auto
+        if auto is None or planned.trace != "none":
+            return True
+        if self.stopped_at is not None:
+            return planned.trial < self.stopped_at
+        if planned.trial > self.round:
+            self.round = planned.trial
+            if self.round >= auto.min_rounds and self._decide(self.round).stop:
+                self.stopped_at = self.round
+                return False
+        return True
+
+    def _decide(self, rounds_done: int) -> adaptive.Decision:
+        assert self.spec.auto is not None
+        records = store.read(self.trials_file)
+        skipped = {r["config_id"] for r in records if r.get("status") == "skipped"}
+        self.decision = adaptive.decide(self.spec, self.spec.auto, records, rounds_done, skipped)
+        artifact.write_text_atomic(self.target, json.dumps({
+            "min_rounds": self.spec.auto.min_rounds, "max_rounds": self.spec.auto.max_rounds,
+            "half_width": self.spec.auto.half_width, "rounds": self.decision.rounds,
+            "stopped": self.decision.stop, "reason": self.decision.reason,
+            "half_widths": self.decision.widest}, indent=1))
+        self.echo(f"auto: {'stop' if self.decision.stop else 'go on'}: {self.decision.reason}")
+        return self.decision
+
+    def finish(self) -> None:
+        """After the last planned round: record why the run ended there."""
+        if self.spec.auto is not None and self.stopped_at is None:
+            self._decide(self.spec.auto.max_rounds)
 
 
 def _check_devices(spec: Spec, todo: list[PlannedTrial]) -> list[devices.GpuIdentity]:
@@ -327,12 +332,20 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
     try:
         returncode, timed_out, sampled, not_sampled = _execute(
             argv, env, trial_dir, spec.timeout_s, kind.sample_memory, trial_gpus)
-    except (Interrupted, KeyboardInterrupt) as caught:
-        stop = caught if isinstance(caught, Interrupted) else Interrupted(signal.SIGINT)
+    except Interrupted as stop:
         stop.record = interrupted_record(spec, planned, attempt, settings, started, started_unix,
                                          time.monotonic() - t0, stop.signum, trial_dir, out)
-        raise stop from None
+        raise
     wall = time.monotonic() - t0
+    with GATE.hold():  # the trial has ended: its record is made before any stop is served
+        return _finished_record(spec, planned, out, trial_dir, attempt, settings, kind, started,
+                                started_unix, wall, returncode, timed_out, sampled, not_sampled)
+
+
+def _finished_record(spec: Spec, planned: PlannedTrial, out: Path, trial_dir: Path, attempt: int,
+                     settings: dict[str, Any], kind: kinds.Kind, started: str, started_unix: float,
+                     wall: float, returncode: int | None, timed_out: bool,
+                     sampled: dict[str, Any], not_sampled: dict[str, str]) -> dict[str, Any]:
     stderr_text = _tail(trial_dir / "stderr.log")
     result = kind.result(trial_dir, settings)
     status, error = classify(returncode, timed_out, stderr_text, result, spec.timeout_s,
@@ -357,7 +370,7 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
         # metric -> why it is null (never 0 for "not measured")
         "unmeasured": {**result.get("unmeasured", {}), **not_sampled}
         if result and status == "ok" else {},
-        "cleared_env": cleared,
+        "cleared_env": launch.cleared_env(os.environ),
         "trace_metrics": traces,
         # LLM trials on random weights: time and memory are valid, the loss means nothing
         **({"random_weights": True} if result and result.get("random_weights") else {}),
@@ -435,10 +448,12 @@ def _execute(argv: list[str], env: dict[str, str], trial_dir: Path, timeout_s: f
             with sampler.watch(proc.pid) if sampler else contextlib.nullcontext():
                 returncode = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            end_trial(proc)
+            with GATE.hold():
+                end_trial(proc)
             return proc.returncode, True, {}, {}
         except BaseException:  # a stop request or an error here: leave no process behind
-            end_trial(proc)
+            with GATE.hold():
+                end_trial(proc)
             raise
     if sampler is None:
         return returncode, False, {}, {}
@@ -450,22 +465,33 @@ def end_trial(proc: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> N
 
     The trial is the launcher's whole process tree, not its process group: torchrun starts each
     rank in a session of its own. The tree is read before any signal, because a process whose
-    parent dies leaves it (re-parented to init)."""
+    parent dies leaves it (re-parented to init), and read again from every member still alive
+    (a process started meanwhile); the launcher's own pid only while it is unreaped, as a reaped
+    pid may already belong to someone else."""
     members = set(telemetry.process_tree(proc.pid)) | {proc.pid}
-    for pid in members:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
+    _signal_all(members, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        proc.poll()  # reap the launcher, our own child
-        members = {pid for pid in members | set(telemetry.process_tree(proc.pid)) if _alive(pid)}
-        if not members:
+    while True:
+        members = {pid for pid in _grown(members, proc) if _alive(pid)}
+        if not members or time.monotonic() >= deadline:
             break
         time.sleep(0.1)
-    for pid in members:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    _signal_all(members, signal.SIGKILL)
     proc.wait()
+
+
+def _grown(members: set[int], proc: subprocess.Popen[bytes]) -> set[int]:
+    alive_launcher = proc.poll() is None  # poll reaps it once it has exited
+    found = set(members) - ({proc.pid} if not alive_launcher else set())
+    for pid in list(found):
+        found |= set(telemetry.process_tree(pid))
+    return found
+
+
+def _signal_all(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 def _alive(pid: int) -> bool:

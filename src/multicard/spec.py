@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 import random
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,7 +28,8 @@ from multicard.params import Value
 
 SECTIONS = {"experiment", "fixed", "grid", "baseline", "trials", "report", "profiles", "reference"}
 EXPERIMENT_KEYS = {"name", "title", "workload", "paper", "description", "profile"}
-TRIALS_KEYS = {"count", "seed", "timeout_s", "trace", "trace_trials", "trace_fallback"}
+TRIALS_KEYS = {"count", "seed", "timeout_s", "trace", "trace_trials", "trace_fallback", "trace_count",
+               "min_ok", "half_width"}
 TRACE_MODES = ("none", "torch", "nsys")
 TRACE_TRIALS = ("extra", "first")
 REPORT_KEYS = {"primary", "metrics", "figure", "breakdown"}
@@ -39,6 +41,23 @@ DEFAULT_TIMEOUT_S = 7200.0
 MAX_TRIALS = 1000
 MAX_PLANNED = 100_000  # configs x trials of one spec
 MAX_TIMEOUT_S = 30 * 86400.0
+# The validity rule of every verdict: ok trials per arm before anything is decided; the paper
+# profile asks for 5 (MLPerf's floor for a result), every other profile for 3.
+MIN_OK = {"paper": 5}
+MIN_OK_DEFAULT = 3
+AUTO_MAX_DEFAULT = 20  # `count = "auto"` stops by this many rounds at the latest
+HALF_WIDTH_DEFAULT = 0.02  # `auto` stops when every ratio interval is within +-2 %
+TRACE_COUNT_DEFAULT = 3  # traced trials per config: the same minimum as any verdict
+
+
+@dataclass(frozen=True)
+class Auto:
+    """`[trials].count = "auto[:MIN..MAX]"`: rounds of interleaved trials until every config's
+    primary-metric interval has a relative half-width <= `half_width`, or MAX rounds."""
+
+    min_rounds: int
+    max_rounds: int
+    half_width: float
 
 
 @dataclass(frozen=True)
@@ -71,13 +90,16 @@ class Spec:
     order_seed: int
     timeout_s: float
     trace: str  # "none" | "torch" | "nsys"
-    trace_trials: str  # "extra": one more traced trial per config; "first": trial 0 is traced
+    trace_trials: str  # "extra": traced trials after the timing ones; "first": the first are traced
     trace_fallback: bool  # without nsys, trace with the torch profiler instead of refusing
     primary: str
     metrics: list[str]
     figure: dict[str, str]
     breakdown: bool = False  # a stacked bar per config: data wait, copy wait, the rest
     references: list[Reference] = field(default_factory=list)
+    min_ok: int = MIN_OK_DEFAULT  # ok trials per arm that a verdict needs
+    trace_count: int = TRACE_COUNT_DEFAULT  # traced trials per config
+    auto: Auto | None = None  # trials until the answer is clear; `trials` is then the most
 
 
 @dataclass(frozen=True)
@@ -132,6 +154,8 @@ class _Checker:
 def load(path: str | Path, profile: str = "paper", settings: Mapping[str, Any] | None = None) -> Spec:
     """Read `path`, merge `profile` on top, fix `settings` (command-line --set), validate."""
     path = Path(path)
+    if path.exists() and not path.is_dir() and not path.is_file():
+        raise InputError(f"{path}: not a regular file (a FIFO or device is never read)")
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -194,7 +218,7 @@ def from_document(doc: dict[str, Any], path: Path, profile: str = "paper") -> Sp
         fixed=fixed,
         grid=grid,
         baseline=_baseline(check, doc, grid, workload),
-        trials=_int(check, "[trials].count", trials.get("count", 5), minimum=1, maximum=MAX_TRIALS),
+        **_counts(check, trials, profile),
         order_seed=_int(check, "[trials].seed", trials.get("seed", 0), minimum=0),
         timeout_s=_timeout(check, trials.get("timeout_s", DEFAULT_TIMEOUT_S)),
         trace=_choice(check, "[trials].trace", trials.get("trace", "none"), TRACE_MODES),
@@ -209,9 +233,56 @@ def from_document(doc: dict[str, Any], path: Path, profile: str = "paper") -> Sp
     return spec
 
 
+def with_trials(spec: Spec, trials: int | str | None) -> Spec:
+    """`spec` with the command line's --trials: a count, or `auto[:MIN..MAX]`."""
+    import dataclasses
+
+    if trials is None:
+        return spec
+    if isinstance(trials, int):
+        return dataclasses.replace(spec, trials=trials, auto=None)
+    half_width = spec.auto.half_width if spec.auto else HALF_WIDTH_DEFAULT
+    auto = parse_auto(trials, spec.min_ok, half_width, "--trials")
+    return dataclasses.replace(spec, trials=auto.max_rounds, auto=auto)
+
+
+def _counts(check: _Checker, trials: Mapping[str, Any], profile: str) -> dict[str, Any]:
+    """[trials] count, min_ok, trace_count and the `auto` rule."""
+    min_ok = _int(check, "[trials].min_ok", trials.get("min_ok", MIN_OK.get(profile, MIN_OK_DEFAULT)),
+                  minimum=3, maximum=MAX_TRIALS)
+    trace_count = _int(check, "[trials].trace_count", trials.get("trace_count", TRACE_COUNT_DEFAULT),
+                       minimum=1, maximum=MAX_TRIALS)
+    count = trials.get("count", 5)
+    half_width = trials.get("half_width", HALF_WIDTH_DEFAULT)
+    if isinstance(half_width, bool) or not isinstance(half_width, int | float) \
+            or not 0 < half_width < 1:
+        check.fail("[trials].half_width", "a relative half-width between 0 and 1 (0.02 = 2 %)",
+                   half_width)
+    if isinstance(count, str):
+        auto = parse_auto(count, min_ok, float(half_width), f"{check.path}: [trials].count")
+        return {"trials": auto.max_rounds, "min_ok": min_ok, "trace_count": trace_count,
+                "auto": auto}
+    return {"trials": _int(check, "[trials].count", count, minimum=1, maximum=MAX_TRIALS),
+            "min_ok": min_ok, "trace_count": trace_count, "auto": None}
+
+
+def parse_auto(text: str, min_ok: int, half_width: float, where: str) -> Auto:
+    """`auto`, `auto:5..30`: at least MIN (default: the verdict minimum), at most MAX rounds."""
+    match = re.fullmatch(r"auto(?::(\d+)\.\.(\d+))?", text.strip())
+    if not match:
+        raise InputError(f"{where}: expected an integer, 'auto' or 'auto:MIN..MAX', got {text!r}")
+    low = int(match.group(1)) if match.group(1) else min_ok
+    high = int(match.group(2)) if match.group(2) else max(AUTO_MAX_DEFAULT, low)
+    if not 2 <= low <= high <= MAX_TRIALS:
+        raise InputError(f"{where}: expected 2 <= MIN <= MAX <= {MAX_TRIALS} in auto:MIN..MAX, "
+                         f"got {text!r}")
+    return Auto(low, high, half_width)
+
+
 def check_plan_size(spec: Spec, trials: int, where: Path | str) -> None:
     """Refuse a plan of more than MAX_PLANNED trials before building it."""
-    size = math.prod(len(v) for v in spec.grid.values()) * (trials + (spec.trace != "none"))
+    size = math.prod(len(v) for v in spec.grid.values()) * (
+        trials + (spec.trace_count if spec.trace != "none" else 0))
     if size > MAX_PLANNED:
         raise InputError(f"{where}: the plan would hold {size} trials (configs x trials); at most "
                          f"{MAX_PLANNED} in one run")
@@ -414,9 +485,10 @@ def plan(spec: Spec, trials: int | None = None, trace: str | None = None) -> lis
 
     Trials are interleaved: round t holds trial t of every config, shuffled with a seed derived
     from `[trials].seed` and t, so slow drift (thermals, noisy neighbours) hits all configs alike.
-    Profiling perturbs timing, so traced trials are kept apart: with `trace_trials = "extra"` one
-    more round of traced trials follows the timing rounds; with "first", trial 0 of every config
-    is traced. Either way the record says so and the timing statistics leave traced trials out.
+    Profiling perturbs timing, so traced trials are kept apart: with `trace_trials = "extra"`
+    `trace_count` (3) more rounds of traced trials follow the timing rounds; with "first", the
+    first `trace_count` trials of every config are traced. Either way the record says so and the
+    timing statistics leave traced trials out.
     """
     count = spec.trials if trials is None else trials
     mode = spec.trace if trace is None else trace
@@ -424,7 +496,9 @@ def plan(spec: Spec, trials: int | None = None, trace: str | None = None) -> lis
     grid_points = configs(spec)
     rounds = [(t, "none") for t in range(count)]
     if mode != "none":
-        rounds = [(0, mode), *rounds[1:]] if spec.trace_trials == "first" else [*rounds, (0, mode)]
+        traced = [(t, mode) for t in range(spec.trace_count)]
+        rounds = ([*traced[:count], *rounds[len(traced):]] if spec.trace_trials == "first"
+                  else [*rounds, *traced])
     planned: list[PlannedTrial] = []
     for t, trace_mode in rounds:
         order = list(grid_points)
@@ -450,9 +524,13 @@ def to_toml(spec: Spec) -> str:
         "fixed": spec.fixed,
         "grid": spec.grid,
         "baseline": spec.baseline,
-        "trials": {"count": spec.trials, "seed": spec.order_seed, "timeout_s": spec.timeout_s,
+        "trials": {"count": (f"auto:{spec.auto.min_rounds}..{spec.auto.max_rounds}" if spec.auto
+                             else spec.trials),
+                   "seed": spec.order_seed, "timeout_s": spec.timeout_s,
                    "trace": spec.trace, "trace_trials": spec.trace_trials,
-                   "trace_fallback": spec.trace_fallback},
+                   "trace_fallback": spec.trace_fallback, "trace_count": spec.trace_count,
+                   "min_ok": spec.min_ok,
+                   "half_width": spec.auto.half_width if spec.auto else HALF_WIDTH_DEFAULT},
         "report": {"primary": spec.primary, "metrics": spec.metrics, "figure": spec.figure,
                    "breakdown": spec.breakdown},
         "reference": [

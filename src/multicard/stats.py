@@ -1,10 +1,23 @@
 """Statistics over independent trials: small pure functions, no formatting, no I/O.
 
-Each trial is one fresh launch, so trials are independent samples. Per config we report n, mean,
-sample standard deviation (ddof=1), a 95% confidence interval of the mean from Student's t,
-median, min and max (Hoefler & Belli, SC'15). Speedups are ratios of means with a percentile
-bootstrap CI that resamples each group independently. Outliers are flagged (modified z-score,
-Iglewicz & Hoaglin), never dropped.
+Each trial is one fresh launch, so trials are independent samples. Per config: n, mean, sample
+standard deviation (ddof=1), a 95% confidence interval of the mean, median, min and max (Hoefler
+& Belli, SC'15). Trial times are positive and their noise is multiplicative, so:
+
+- the interval of a mean is Cox's interval for the mean of a log-normal sample (Olsson 2005) when
+  every value is positive: it never reaches below zero, as a t interval on two samples does (a
+  t interval, clipped at zero, only for samples holding zeros);
+- a speedup is the ratio of means with Welch's t interval on log values (an interval for the ratio
+  of geometric means, which is the ratio of means when both arms have the same relative noise);
+  a sample holding zeros uses Fieller's interval for a ratio of means instead. Its coverage is
+  tested by simulation (tests/unit/test_stats.py); the percentile bootstrap, which covers 80 % at
+  n = 3, is kept as a cross-check column only;
+- a difference of means (accuracy points) has Welch's t interval.
+
+Outliers are flagged by the modified z-score (Iglewicz & Hoaglin), with the mean absolute
+deviation standing in when the MAD is 0; never dropped. Instability is flagged as hyperfine,
+pyperf and torch.utils.benchmark do: a wide interquartile range, a maximum far above the median,
+a first trial slower than every other (a warm-up effect that crosses trials).
 """
 
 from __future__ import annotations
@@ -20,6 +33,10 @@ CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 10_000
 OUTLIER_Z = 3.5  # Iglewicz & Hoaglin's cut-off for the modified z-score
 MAD_TO_SIGMA = 0.6745  # MAD of a standard normal
+MEANAD_TO_SIGMA = 0.7979  # mean absolute deviation of a standard normal (sqrt(2 / pi))
+UNSTABLE_IQR = 0.10  # IQR / median above this: torch.utils.benchmark's warning
+UNSTABLE_MAX = 1.25  # max / median above this: a run much slower than the typical one
+FIRST_TRIAL_SLOWER = 1.05  # trial 0 this much above the median of the rest, and above all of them
 
 
 @dataclass(frozen=True)
@@ -37,18 +54,37 @@ class Summary:
 
 @dataclass(frozen=True)
 class Ratio:
-    """mean(baseline) / mean(other): > 1 means `other` is faster when the metric is a time."""
+    """mean(baseline) / mean(other): > 1 means `other` is faster when the metric is a time.
+
+    `method` names the interval ("welch-log", "fieller", or "" when it is undefined);
+    `boot_lo`/`boot_hi` are the percentile bootstrap's, a cross-check only."""
 
     value: float
     ci_lo: float
     ci_hi: float
+    n_baseline: int = 0
+    n_other: int = 0
+    method: str = ""
+    boot_lo: float = math.nan
+    boot_hi: float = math.nan
+
+
+@dataclass(frozen=True)
+class Difference:
+    """mean(a) - mean(b) with Welch's t interval."""
+
+    value: float
+    ci_lo: float
+    ci_hi: float
+    n_a: int = 0
+    n_b: int = 0
 
 
 NAN = float("nan")
 
 
 def summarize(values: ArrayLike) -> Summary:
-    """n, mean, std (ddof=1), t-based 95% CI, median, min, max, outlier count. NaN where undefined."""
+    """n, mean, std (ddof=1), 95% CI of the mean, median, min, max, outliers. NaN where undefined."""
     x = np.asarray(values, dtype=float)
     n = len(x)
     if n == 0:
@@ -61,64 +97,158 @@ def summarize(values: ArrayLike) -> Summary:
 
 
 def mean_ci(values: ArrayLike, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Student-t interval of the mean; (NaN, NaN) for fewer than two values."""
+    """Interval of the mean: Cox's log-normal interval for positive values, else Student's t
+    (clipped at zero for values that are all >= 0); (NaN, NaN) for fewer than two values."""
     x = np.asarray(values, dtype=float)
     n = len(x)
     if n < 2:
         return NAN, NAN
-    half = sps.t.ppf(0.5 + confidence / 2, n - 1) * x.std(ddof=1) / math.sqrt(n)
-    return float(x.mean() - half), float(x.mean() + half)
+    if np.all(x > 0):
+        return _cox_interval(np.log(x), confidence)
+    half = _t(confidence, n - 1) * x.std(ddof=1) / math.sqrt(n)
+    low = float(x.mean() - half)
+    return (max(0.0, low) if np.all(x >= 0) else low), float(x.mean() + half)
+
+
+def _cox_interval(logs: np.ndarray, confidence: float) -> tuple[float, float]:
+    n = len(logs)
+    mean, var = float(logs.mean()), float(logs.var(ddof=1))
+    half = _t(confidence, n - 1) * math.sqrt(var / n + var**2 / (2 * (n - 1)))
+    centre = mean + var / 2
+    return math.exp(centre - half), math.exp(centre + half)
+
+
+def _t(confidence: float, df: float) -> float:
+    return float(sps.t.ppf(0.5 + confidence / 2, df))
 
 
 def count_outliers(values: ArrayLike) -> int:
-    """Values whose modified z-score 0.6745 * |x - median| / MAD exceeds 3.5 (none if MAD is 0)."""
+    """Values whose modified z-score exceeds 3.5: 0.6745 |x - median| / MAD, or, when more than
+    half the values are equal (MAD 0), |x - median| / (1.2533 mean absolute deviation)."""
     x = np.asarray(values, dtype=float)
     if len(x) < 3:
         return 0
-    median = np.median(x)
-    mad = np.median(np.abs(x - median))
-    if mad == 0:
-        return 0
-    return int(np.sum(MAD_TO_SIGMA * np.abs(x - median) / mad > OUTLIER_Z))
+    deviation = np.abs(x - np.median(x))
+    mad = np.median(deviation)
+    if mad > 0:
+        return int(np.sum(MAD_TO_SIGMA * deviation / mad > OUTLIER_Z))
+    mean_ad = deviation.mean()
+    if mean_ad == 0:
+        return 0  # all equal
+    return int(np.sum(MEANAD_TO_SIGMA * deviation / mean_ad > OUTLIER_Z))
 
 
-def ratio_of_means(
-    baseline: ArrayLike, other: ArrayLike, seed: int = 0,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-) -> Ratio:
-    """mean(baseline)/mean(other) with a percentile-bootstrap 95% CI (scipy.stats.bootstrap,
-    groups resampled independently, seeded so that a report is reproducible).
-
-    With fewer than two values in a group the CI is undefined (NaN): one sample says nothing
-    about its own spread.
-    """
+def ratio_of_means(baseline: ArrayLike, other: ArrayLike, seed: int = 0,
+                   resamples: int = BOOTSTRAP_RESAMPLES, cross_check: bool = True) -> Ratio:
+    """mean(baseline)/mean(other) with its 95% interval (module docstring), and the seeded
+    percentile bootstrap's beside it when `cross_check`. The interval is undefined (NaN) with
+    fewer than two values in a group: one sample says nothing about its own spread."""
     b, o = np.asarray(baseline, dtype=float), np.asarray(other, dtype=float)
-    if len(b) == 0 or len(o) == 0:
-        return Ratio(NAN, NAN, NAN)
+    if len(b) == 0 or len(o) == 0 or o.mean() == 0:
+        return Ratio(NAN, NAN, NAN, len(b), len(o))
     value = float(b.mean() / o.mean())
     if len(b) < 2 or len(o) < 2:
-        return Ratio(value, NAN, NAN)
-    result = sps.bootstrap(
-        (b, o), _mean_ratio, vectorized=True, paired=False, n_resamples=resamples,
-        confidence_level=CONFIDENCE, method="percentile", rng=np.random.default_rng(seed),
-    )
-    interval = result.confidence_interval
-    return Ratio(value, float(interval.low), float(interval.high))
+        return Ratio(value, NAN, NAN, len(b), len(o))
+    if np.all(b > 0) and np.all(o > 0):
+        (lo, hi), method = welch_log_interval(b, o), "welch-log"
+    else:
+        (lo, hi), method = fieller_interval(b, o), "fieller"
+    boot = bootstrap_interval(b, o, seed, resamples) if cross_check else (NAN, NAN)
+    return Ratio(value, lo, hi, len(b), len(o), method, *boot)
+
+
+def welch_log_interval(b: np.ndarray, o: np.ndarray,
+                       confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """exp of Welch's t interval for mean(log b) - mean(log o)."""
+    lb, lo = np.log(b), np.log(o)
+    vb, vo = lb.var(ddof=1) / len(lb), lo.var(ddof=1) / len(lo)
+    centre = float(lb.mean() - lo.mean())
+    if vb + vo == 0:
+        return math.exp(centre), math.exp(centre)
+    df = (vb + vo) ** 2 / (vb**2 / (len(lb) - 1) + vo**2 / (len(lo) - 1))
+    half = _t(confidence, df) * math.sqrt(vb + vo)
+    return math.exp(centre - half), math.exp(centre + half)
+
+
+def fieller_interval(b: np.ndarray, o: np.ndarray,
+                     confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Fieller's interval for mean(b)/mean(o), Welch-Satterthwaite degrees of freedom; (NaN,
+    NaN) when mean(o) is not clearly away from zero (the interval would be unbounded)."""
+    mb, mo = float(b.mean()), float(o.mean())
+    vb, vo = b.var(ddof=1) / len(b), o.var(ddof=1) / len(o)
+    ratio = mb / mo
+    spread = vb**2 / (len(b) - 1) + (ratio**2 * vo) ** 2 / (len(o) - 1)
+    df = (vb + ratio**2 * vo) ** 2 / spread if spread > 0 else math.inf
+    t2 = _t(confidence, df) ** 2
+    a = mo**2 - t2 * vo
+    if a <= 0:
+        return NAN, NAN
+    disc = (mb * mo) ** 2 - a * (mb**2 - t2 * vb)
+    root = math.sqrt(max(0.0, disc))
+    return (mb * mo - root) / a, (mb * mo + root) / a
+
+
+def bootstrap_interval(b: np.ndarray, o: np.ndarray, seed: int = 0,
+                       resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float]:
+    """Percentile bootstrap of mean(b)/mean(o), groups resampled independently, seeded."""
+    with np.errstate(divide="ignore", invalid="ignore"):  # resamples whose mean is 0
+        result = sps.bootstrap(
+            (b, o), _mean_ratio, vectorized=True, paired=False, n_resamples=resamples,
+            confidence_level=CONFIDENCE, method="percentile", rng=np.random.default_rng(seed),
+        )
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def _mean_ratio(b: np.ndarray, o: np.ndarray, axis: int = -1) -> np.ndarray:
     return b.mean(axis=axis) / o.mean(axis=axis)
 
 
-def direction(ci_lo: float, ci_hi: float) -> str:
-    """Where a ratio's CI lies relative to 1: "above", "below", "contains 1" or "undetermined"."""
+def difference_of_means(a: ArrayLike, b: ArrayLike, confidence: float = CONFIDENCE) -> Difference:
+    """mean(a) - mean(b) with Welch's t interval (NaN with fewer than two values in a group)."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(x) == 0 or len(y) == 0:
+        return Difference(NAN, NAN, NAN, len(x), len(y))
+    value = float(x.mean() - y.mean())
+    if len(x) < 2 or len(y) < 2:
+        return Difference(value, NAN, NAN, len(x), len(y))
+    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    if vx + vy == 0:
+        return Difference(value, value, value, len(x), len(y))
+    df = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
+    half = _t(confidence, df) * math.sqrt(vx + vy)
+    return Difference(value, value - half, value + half, len(x), len(y))
+
+
+def direction(ci_lo: float, ci_hi: float, reference: float = 1.0) -> str:
+    """Where an interval lies relative to `reference`: "above", "below", "contains 1" (for a
+    reference of 1) or "undetermined"."""
     if math.isnan(ci_lo) or math.isnan(ci_hi):
         return "undetermined"
-    if ci_lo > 1.0:
+    if ci_lo > reference:
         return "above"
-    if ci_hi < 1.0:
+    if ci_hi < reference:
         return "below"
-    return "contains 1"
+    return f"contains {reference:g}"
+
+
+def instability(values: ArrayLike) -> list[str]:
+    """Which instability rules trial values break, in trial order: "iqr" (IQR/median > 0.10),
+    "max" (max/median > 1.25), "first" (trial 0 slower than every other and 5 % above their
+    median). Needs 3 values or more; the words are the report's to choose."""
+    x = np.asarray(values, dtype=float)
+    if len(x) < 3 or np.median(x) <= 0:
+        return []
+    median = float(np.median(x))
+    q1, q3 = np.percentile(x, [25, 75])
+    flags = []
+    if (q3 - q1) / median > UNSTABLE_IQR:
+        flags.append("iqr")
+    if x.max() / median > UNSTABLE_MAX:
+        flags.append("max")
+    rest = x[1:]
+    if x[0] > rest.max() and x[0] > FIRST_TRIAL_SLOWER * float(np.median(rest)):
+        flags.append("first")
+    return flags
 
 
 def time_reduction(ratio: float) -> float:

@@ -40,20 +40,29 @@ def append(path: Path, record: dict[str, Any]) -> None:
     line = (json.dumps(record, sort_keys=True) + "\n").encode()
     with lock_for(path):
         new_file = not path.exists()
-        with path.open("ab") as f:
-            size = f.tell()
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
             try:
                 if size > 0 and _last_byte(path) != b"\n":
-                    f.write(b"\n")  # terminate a torn line instead of gluing this record onto it
-                f.write(line)
-                f.flush()
-                os.fsync(f.fileno())
+                    line = b"\n" + line  # terminate a torn line instead of gluing this onto it
+                _write_all(fd, line)
+                os.fsync(fd)
             except OSError:  # a full disk mid-line: take the partial line back
                 with contextlib.suppress(OSError):
-                    f.truncate(size)
+                    os.ftruncate(fd, size)
                 raise
+        finally:
+            os.close(fd)
         if new_file:
             _fsync_dir(path.parent)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write without a buffer: nothing is left to flush (and fail) after an error."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _last_byte(path: Path) -> bytes:
@@ -78,9 +87,12 @@ def read(path: Path) -> list[dict[str, Any]]:
 
 
 def warn_skipped(path: Path, skipped: list[int]) -> None:
-    for number in skipped:
-        warnings.warn(f"{path}:{number}: skipped an incomplete record (a crash mid-write)",
-                      TornLineWarning, stacklevel=3)
+    """One warning per file, whatever the number of torn lines."""
+    if not skipped:
+        return
+    lines = ", ".join(map(str, skipped[:5])) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+    what = "an incomplete record" if len(skipped) == 1 else f"{len(skipped)} incomplete records"
+    warnings.warn(f"{path}:{lines}: skipped {what} (a crash mid-write)", TornLineWarning, stacklevel=3)
 
 
 def read_with_skipped(path: Path) -> tuple[list[dict[str, Any]], list[int]]:

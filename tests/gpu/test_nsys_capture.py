@@ -18,7 +18,7 @@ def test_nsys_trace_per_rank_with_the_papers_metrics(tmp_path: Path) -> None:
     fixed = {"device": "cuda", "image_size": 64, "epochs": 2, "max_steps": 10, "batch_size": 32,
              "num_workers": 2, "pin_memory": True, "train_subset": 2048, "test_subset": 256}
     path = write_spec(tmp_path, fixed=fixed, grid={"precision": ["fp32"]},
-                      trials={"count": 1, "trace": "nsys", "timeout_s": 900})
+                      trials={"count": 1, "trace": "nsys", "trace_count": 1, "timeout_s": 900})
     outcome = runner.run(spec.load(path), tmp_path / "run", data_dir=DATA, echo=lambda _: None)
     assert outcome.ok == 2  # the timing trial and the traced one
     traced = [r for r in store.read(tmp_path / "run" / "trials.jsonl") if r["trace"] == "nsys"]

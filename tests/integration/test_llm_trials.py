@@ -48,7 +48,7 @@ def test_a_traced_llm_trial_has_its_torchtune_traces_parsed(tmp_path: Path) -> N
     (data / "mnist").symlink_to(DATA / "mnist", target_is_directory=True)
     fixed = {**TINY, "max_steps": 7}  # torchtune's profiler: 2 waiting, 1 warm-up, 3 active steps
     path = write_spec(tmp_path, fixed=fixed, grid={"method": ["lora"]}, experiment_workload="llm",
-                      trials={"count": 1, "trace": "torch", "timeout_s": 600})
+                      trials={"count": 1, "trace": "torch", "trace_count": 1, "timeout_s": 600})
     outcome = runner.run(spec.load(path), tmp_path / "run", data_dir=data, echo=lambda _: None)
     assert outcome.ok == 2  # the timing trial and the traced one
     traced = [r for r in store.read(tmp_path / "run" / "trials.jsonl") if r["trace"] == "torch"]

@@ -102,3 +102,43 @@ def one_run(session: nox.Session) -> None:
     assert alive(trial) == set()
     assert proc.returncode != 0
     assert [r["status"] for r in store.read(out / "trials.jsonl")] == ["interrupted"]
+
+
+def test_a_stop_after_a_trial_ended_waits_until_its_record_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from multicard import runner, spec
+    from multicard.stopping import Interrupted
+
+    real = runner.classify
+
+    def classify_then_stop(*args: object, **kwargs: object) -> object:
+        os.kill(os.getpid(), signal.SIGTERM)  # between the trial's end and its record
+        time.sleep(0.05)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "classify", classify_then_stop)
+    path = write_spec(tmp_path, grid={"precision": ["fp32", "bf16"]}, trials={"count": 1})
+    with pytest.raises(Interrupted):
+        runner.run(spec.load(path), tmp_path / "run", echo=lambda _: None)
+    [record] = store.read(tmp_path / "run" / "trials.jsonl")
+    assert record["status"] == "ok"  # the finished trial's record was kept; the next never started
+
+
+def test_sigterm_to_data_prepare_ends_its_workers_at_once(tmp_path: Path) -> None:
+    proc = start([sys.executable, "-m", "multicard", "data", "prepare", "--size", "256",
+                  "--out", str(tmp_path / "tree"), "--workers", "2"])
+    deadline = time.monotonic() + 60
+    while len(telemetry.process_tree(proc.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)  # the runner and its two spawned workers
+    time.sleep(2.0)  # chunks are being written
+    workers = set(telemetry.process_tree(proc.pid)) - {proc.pid}
+    assert workers
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 10, "prepare waited for the queued chunks"
+    assert proc.returncode == 143, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == "multicard: stopped by SIGTERM; run the same command to resume"
+    while alive(workers) and time.monotonic() - sent < 10:
+        time.sleep(0.2)
+    assert alive(workers) == set(), "workers outlived the signal by 10 s"

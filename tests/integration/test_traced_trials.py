@@ -21,10 +21,13 @@ def test_torch_traced_trials_are_extra_and_parsed(tmp_path: Path) -> None:
     path = write_spec(tmp_path, grid={"gpus": [2]}, trials={"count": 1, "trace": "torch",
                                                             "timeout_s": 300})
     outcome = runner.run(spec.load(path), tmp_path / "run", data_dir=DATA, echo=lambda _: None)
-    assert outcome.ok == 2
-    timing, traced = sorted(store.read(tmp_path / "run" / "trials.jsonl"), key=lambda r: r["trace"] != "none")
-    assert (timing["trace"], traced["trace"]) == ("none", "torch")
+    assert outcome.ok == 4  # one timing trial and [trials].trace_count = 3 traced ones
+    timing, *all_traced = sorted(store.read(tmp_path / "run" / "trials.jsonl"),
+                                 key=lambda r: (r["trace"] != "none", r["trial"]))
+    assert timing["trace"] == "none" and [r["trace"] for r in all_traced] == ["torch"] * 3
+    assert [r["trial"] for r in all_traced] == [0, 1, 2]
     assert timing["trace_metrics"] == {}
+    traced = all_traced[0]
     names = sorted(traced["trace_metrics"])
     assert [n.rsplit("/", 1)[1] for n in names] == ["trace-rank0.json.gz", "trace-rank1.json.gz"]
     assert all(s["format"] == "kineto-json" for s in traced["trace_metrics"].values())
@@ -46,7 +49,8 @@ def test_nsys_without_nsys_is_refused_or_falls_back(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="nsys is not on PATH"):
         runner.run(spec.load(path), tmp_path / "a", echo=lambda _: None)
     fallback = write_spec(tmp_path, name="fb", grid={"precision": ["fp32"]},
-                          trials={"count": 1, "trace": "nsys", "trace_fallback": True})
+                          trials={"count": 1, "trace": "nsys", "trace_fallback": True,
+                                  "trace_count": 1})
     messages: list[str] = []
     runner.run(spec.load(fallback), tmp_path / "b", data_dir=DATA, echo=messages.append)
     assert any("tracing with the PyTorch profiler instead" in m for m in messages)
@@ -66,7 +70,7 @@ def test_a_rank_under_a_wrapper_outlives_the_thread_that_forked_it(tmp_path: Pat
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     fixed = {**TINY_FIXED, "epochs": 4, "max_steps": 30}  # training outlasts the helper thread
     path = write_spec(tmp_path, fixed=fixed, grid={"gpus": [1], "precision": ["fp32"]},
-                      trials={"count": 1, "trace": "nsys", "timeout_s": 300})
+                      trials={"count": 1, "trace": "nsys", "trace_count": 1, "timeout_s": 300})
     runner.run(spec.load(path), tmp_path / "run", data_dir=DATA, echo=lambda _: None)
     records = {r["trace"]: r for r in store.read(tmp_path / "run" / "trials.jsonl")}
     traced = records["nsys"]

@@ -104,3 +104,23 @@ def test_env_capture_has_the_fields_reviewers_need(tmp_path: Path) -> None:
     assert env["storage"]["fstype"]
     assert isinstance(env["gpus"], list)
     assert "multicard" in env["packages"]
+
+
+def test_a_sums_file_that_is_a_folder_fails(tmp_path: Path) -> None:
+    root = make_run(tmp_path / "run")
+    (root / "SHA256SUMS").unlink()
+    (root / "SHA256SUMS").mkdir()
+    (root / "trials.jsonl").write_text("tampered\n")
+    result = artifact.verify(root)
+    assert result.unsafe == ["SHA256SUMS (a folder, not a checksum file)"] and not result.ok
+
+
+def test_hard_links_and_lock_files_with_content_are_not_trusted(tmp_path: Path) -> None:
+    import os
+
+    root = make_run(tmp_path / "run")
+    os.link(root / "tables" / "t.md", tmp_path / "outside-name")  # a second name, outside
+    (root / "raw" / "x.lock").write_text("anything\n")  # filelock's locks are empty
+    result = artifact.verify(root)
+    assert result.unsafe == ["tables/t.md (a hard link: 2 names for one file)"]
+    assert result.unlisted == ["raw/x.lock"] and not result.ok

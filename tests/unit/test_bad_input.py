@@ -29,12 +29,22 @@ def raw_spec(tmp: Path, text: str) -> str:
 
 
 def a_run(tmp: Path) -> Path:
-    """A reported run directory (SHA256SUMS present)."""
+    """A reported run directory (spec.toml, trials.jsonl, SHA256SUMS)."""
+    from multicard import spec
+
     root = tmp / "run"
     root.mkdir()
+    (root / "spec.toml").write_text(spec.to_toml(spec.load(write_spec(tmp, name="ran"))))
     (root / "trials.jsonl").write_text("")
     artifact.write_checksums(root)
     return root
+
+
+def a_fifo(tmp: Path, name: str) -> str:
+    import os
+
+    os.mkfifo(tmp / name)
+    return str(tmp / name)
 
 
 def a_file(tmp: Path, name: str = "file.txt", data: bytes = b"x\n") -> str:
@@ -124,6 +134,38 @@ CASES: dict[str, tuple[Case, str]] = {
     "topo on an absurd CPU range": (
         lambda t: ["topo", a_file(t, "n.txt", b"available: 1 nodes (0)\nnode 0 cpus: 0-999999999\n")],
         "CPU number beyond 65535"),
+    "--rdzv-endpoint with a digit int() refuses": (
+        lambda t: ["run", spec_with(t), "--out", str(t / "o"), "--nnodes", "2", "--rdzv-endpoint",
+                   "h:\u00b2"], "--rdzv-endpoint: expected HOST:PORT"),
+    "run --trace nsys without nsys leaves nothing behind": (
+        lambda t: ["run", spec_with(t), "--out", str(t / "o"), "--trace", "nsys"], "nsys is not on PATH"),
+    "report a directory that does not exist": (lambda t: ["report", str(t / "nonexistent")],
+                                               "not a directory"),
+    "report --out below a file": (lambda t: ["report", str(a_run(t)), "--out", a_file(t) + "/sub"],
+                                  "cannot be created"),
+    "pack --out below a file": (lambda t: ["pack", str(a_run(t)), "--out", a_file(t) + "/x.tar.gz"],
+                                "cannot write the archive"),
+    "pack --out a FIFO": (lambda t: ["pack", str(a_run(t)), "--out", a_fifo(t, "pipe")],
+                          "is not a regular file"),
+    "data prepare --out below a file": (
+        lambda t: ["data", "prepare", "--size", "32", "--out", a_file(t) + "/tree"], "is a file"),
+    "plan a FIFO": (lambda t: ["plan", a_fifo(t, "spec.toml")], "not a regular file"),
+    "trace summarize a FIFO": (lambda t: ["trace", "summarize", a_fifo(t, "t.json")],
+                               "not a regular file"),
+    "trace summarize metadata events only": (
+        lambda t: ["trace", "summarize", a_file(t, "t.json", b'{"traceEvents": [{"ph": "M"}]}')],
+        "nothing was traced"),
+    "trace summarize events with text times": (
+        lambda t: ["trace", "summarize", a_file(t, "t.json",
+                                                b'{"traceEvents": [{"ph": "X", "ts": "a", "dur": "b"}]}')],
+        "is not a number"),
+    "topo on a reversed CPU range": (
+        lambda t: ["topo", a_file(t, "n.txt", b"available: 1 nodes (0)\nnode 0 cpus: 5-3\n")],
+        "not a CPU list"),
+    "topo on a distance matrix of 5000 nodes": (
+        lambda t: ["topo", a_file(t, "n.txt", ("available: 1 nodes (0)\nnode 0 cpus: 0\nnode distances:\n"
+                                               "node " + " ".join(map(str, range(5000))) + "\n").encode())],
+        "beyond any machine's 4096 nodes"),
     "topo on an absurd node count": (
         lambda t: ["topo", a_file(t, "n.txt", b"available: 1 nodes (0)\nnode 99999 cpus: 0\n")],
         "NUMA node 99999 is beyond"),
@@ -191,3 +233,19 @@ def test_a_torn_line_is_one_warning_line(tmp_path: Path) -> None:
 def test_tomli_w_writes_what_the_cases_read() -> None:
     # the raw_spec helper edits TOML text: make sure the section it replaces is what tomli_w writes
     assert "[trials]\ncount = 1\n" in tomli_w.dumps({"trials": {"count": 1}})
+
+
+def test_a_slurm_node_id_that_is_not_an_index_is_bad_input(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_NODEID", "\u00b2")  # a digit to str.isdigit, not to int()
+    code, lines = run_cli(["run", spec_with(tmp_path), "--out", str(tmp_path / "o"), "--nnodes", "2",
+                           "--rdzv-endpoint", "h:29500"], capsys)
+    assert code == 2 and lines == ["multicard: error: SLURM_NODEID: expected a node index, got '²'"]
+
+
+def test_a_tree_the_disk_cannot_hold_is_refused_before_it_is_made(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with tmpfs(tmp_path / "small", "size=1m") as disk:
+        code, lines = run_cli(["data", "prepare", "--size", "300", "--out", str(disk / "tree")], capsys)
+        assert code == 2 and "GiB free" in lines[-1] and "needs about" in lines[-1]
+        assert not (disk / "tree").exists()

@@ -31,12 +31,12 @@ def test_reproduce_runs_every_experiment_and_every_numa_profile_once() -> None:
         set(numa) - {"smoke"})
 
 
-def test_kick_the_tires_fits_30_minutes_on_one_gpu_by_the_cost_model() -> None:
+def test_kick_the_tires_fits_35_minutes_on_one_gpu_by_the_cost_model() -> None:
     seconds = 0.0
     for experiment, profile in NOXFILE.KICK_RUNS:
         s = spec.load(EXPERIMENTS / f"{experiment}.toml", profile)
         planned = spec.plan(s)
         assert s.fixed["device"] == "cuda" and {p.params["gpus"] for p in planned} == {1}
-        assert s.trials >= 3  # enough for a confidence interval
+        assert s.trials >= s.min_ok == 5  # every config can reach a verdict
         seconds += sum(cost.trial_seconds(s.workload, p.params) for p in planned)
-    assert seconds < 27 * 60  # minutes left for preparing Scenario B and the report
+    assert seconds < 34 * 60  # a minute left for preparing Scenario B and the report

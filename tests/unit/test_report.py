@@ -59,12 +59,13 @@ def test_markdown_table_shows_n_mean_sd_ci_and_speedups(reported: Path) -> None:
     fp64, fp32 = table[("fp64", "1")], table[("fp32", "1")]
     assert fp64[2] == "2"
     # mean 11, sd sqrt(2) = 1.414, t(0.975,1) * sd / sqrt(2) = 12.71
-    assert fp64[3] == "11 ± 1.414 [-1.706, 23.71]"
+    assert fp64[3] == "11 ± 1.414 [3.435, 35.51]"
     assert "baseline" in fp64
-    # 11 / 5.5 = 2; bootstrap ends 10/6 and 12/5; reduction 50 %, gain 100 %
-    assert "2 [1.67, 2.4]" in fp32
-    assert "50.00 [40.00, 58.33]" in fp32
-    assert "100.00 [66.67, 140.00]" in fp32
+    # 11 / 5.5 = 2; Welch on log times, df 2: exp(ln 2 -+ 4.3027 * 0.12892) = [1.148, 3.483];
+    # reduction 1 - 1/x, gain x - 1 map the interval end to end
+    assert "2 [1.15, 3.48]" in fp32
+    assert "50.00 [12.93, 71.29]" in fp32
+    assert "100.00 [14.85, 248.28]" in fp32
     assert "gain 54–68 %" in fp32
 
 
@@ -169,11 +170,11 @@ def test_two_gpu_runs_merge_into_one_report_whose_claims_read_both(tmp_path: Pat
     from multicard import artifact, claims
 
     table2 = gpu_run(tmp_path / "t2", "table2_precision",
-                     {("fp64", 2): [16.0, 16.1, 15.9], ("fp32", 2): [10.0, 10.05, 9.95]},
-                     "train_time_s")
+                     {("fp64", 2): [16.0, 16.1, 15.9, 16.05, 15.95],
+                      ("fp32", 2): [10.0, 10.05, 9.95, 10.02, 9.98]}, "train_time_s")
     table5 = gpu_run(tmp_path / "t5", "table5_llm_pin_memory",
-                     {(False, 1): [1.0, 1.01, 0.99], (True, 1): [1.001, 1.0, 0.999]},
-                     "step_time_median_s")
+                     {(False, 1): [1.0, 1.01, 0.99, 1.005, 0.995],
+                      (True, 1): [1.001, 1.0, 0.999, 1.002, 0.998]}, "step_time_median_s")
     out = tmp_path / "merged"
     report.write_report([table2, table5], out, claims.load(EXPERIMENTS / "claims.toml"))
     text = (out / "REPORT.md").read_text()
@@ -182,9 +183,10 @@ def test_two_gpu_runs_merge_into_one_report_whose_claims_read_both(tmp_path: Pat
     assert verdicts["C1"] == "**supported**"   # from the Table 2 run
     assert verdicts["C14"] == "**supported**"  # from the Table 5 run
     assert verdicts["C15"] == "**not run**"
-    assert "19 claims: 2 supported, 0 contradicted, 0 inconclusive, 17 not run" in text
-    # compute spent: 6 + 6 trials of 1 h; table 2 at 2 GPUs, table 5 at 1
-    assert "12.000 GPU-hours" in text and "6.000 GPU-hours" in text
+    assert ("19 claims: 2 supported, 0 contradicted, 0 consistent (imprecise), 0 mixed, "
+            "0 inconclusive, 0 invalid, 17 not run") in text
+    # compute spent: 10 + 10 trials of 1 h; table 2 at 2 GPUs, table 5 at 1
+    assert "20.000 GPU-hours" in text and "10.000 GPU-hours" in text
     assert artifact.verify(out).ok
     assert not (table2 / "REPORT.md").exists()  # the runs themselves stay untouched
 
@@ -200,8 +202,10 @@ def test_failures_are_summarised_by_cause(reported: Path) -> None:
 def test_evidence_text_shows_ratios_percentages_statuses_and_how_many_more() -> None:
     from multicard.claims import Evidence
 
-    evidence = (Evidence("gpus=1", 60.04, 58.81, 61.2, "%"), Evidence("gpus=2", 1.234, 1.1, 1.4),
-                Evidence("{'loader': 'torch'}", statuses=("oom",)), Evidence("gpus=4", 2.0))
+    evidence = (Evidence("gpus=1", 60.04, 58.81, 61.2, "%", n=(5, 5)),
+                Evidence("gpus=2", 1.234, 1.1, 1.4, n=(5, 4)),
+                Evidence("{'loader': 'torch'}", statuses=("oom",), n=(3, 0)), Evidence("gpus=4", 2.0))
     assert report.evidence_text(evidence, shown=3) == (
-        "gpus=1: 60% [58.8, 61.2]; gpus=2: 1.23x [1.1, 1.4]; {'loader': 'torch'}: oom (+1 more)")
+        "gpus=1: 60% [58.8, 61.2] (n 5/5); gpus=2: 1.23x [1.1, 1.4] (n 5/4); "
+        "{'loader': 'torch'}: oom (3 attempts) (+1 more)")
     assert report.evidence_text(()) == "–"

@@ -2,9 +2,20 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from multicard import stats
+
+
+def cox(values: list[float], t: float) -> tuple[float, float]:
+    """Cox's interval by hand: exp(mean(log x) + s^2/2 -+ t sqrt(s^2/n + s^4/(2(n-1))))."""
+    logs = [math.log(v) for v in values]
+    n = len(logs)
+    mean = sum(logs) / n
+    var = sum((v - mean) ** 2 for v in logs) / (n - 1)
+    half = t * math.sqrt(var / n + var**2 / (2 * (n - 1)))
+    return math.exp(mean + var / 2 - half), math.exp(mean + var / 2 + half)
 
 
 def test_summary_matches_hand_computed_values() -> None:
@@ -12,16 +23,28 @@ def test_summary_matches_hand_computed_values() -> None:
     assert s.n == 4
     assert s.mean == 2.5
     assert s.std == pytest.approx(math.sqrt(5 / 3))  # ddof = 1
-    # t(0.975, 3) = 3.182446305; half width = t * sd / sqrt(4)
-    assert s.ci_lo == pytest.approx(2.5 - 3.182446305 * math.sqrt(5 / 3) / 2, rel=1e-9)
-    assert s.ci_hi == pytest.approx(2.5 + 3.182446305 * math.sqrt(5 / 3) / 2, rel=1e-9)
+    # positive values: Cox's log-normal interval, t(0.975, 3) = 3.182446305
+    assert (s.ci_lo, s.ci_hi) == pytest.approx(cox([1.0, 2.0, 3.0, 4.0], 3.182446305), rel=1e-9)
     assert (s.median, s.min, s.max, s.outliers) == (2.5, 1.0, 4.0, 0)
 
 
-def test_two_samples_use_t_with_one_degree_of_freedom() -> None:
+def test_two_samples_give_a_wide_interval_that_stays_above_zero() -> None:
     s = stats.summarize([10.0, 12.0])
-    # t(0.975, 1) = 12.706204736; sd = sqrt(2)
-    assert s.ci_hi - s.mean == pytest.approx(12.706204736 * math.sqrt(2) / math.sqrt(2), rel=1e-9)
+    # t(0.975, 1) = 12.706204736: a Student interval would reach -1.7 s, this one cannot
+    assert (s.ci_lo, s.ci_hi) == pytest.approx(cox([10.0, 12.0], 12.706204736), rel=1e-9)
+    assert 0 < s.ci_lo < 10.0 and s.ci_hi > 12.0
+
+
+def test_values_with_zeros_use_a_t_interval_clipped_at_zero() -> None:
+    lo, hi = stats.mean_ci([0.0, 0.01, 0.3])
+    half = 4.302652730 * statistics_sd([0.0, 0.01, 0.3]) / math.sqrt(3)  # t(0.975, 2)
+    assert lo == 0.0 and hi == pytest.approx(0.31 / 3 + half)
+
+
+def statistics_sd(values: list[float]) -> float:
+    import statistics
+
+    return statistics.stdev(values)
 
 
 def test_single_and_empty_samples_have_undefined_spread() -> None:
@@ -35,18 +58,42 @@ def test_single_and_empty_samples_have_undefined_spread() -> None:
 def test_outliers_are_counted_by_modified_z_score() -> None:
     # median 10, MAD 0.1: 30 has z = 0.6745 * 20 / 0.1 = 134.9 > 3.5; 10.1 has 0.67
     assert stats.count_outliers([10.0, 10.1, 9.9, 10.0, 30.0]) == 1
-    assert stats.count_outliers([10.0, 10.0, 10.0, 11.0]) == 0  # MAD 0: nothing flagged
     assert stats.count_outliers([1.0, 100.0]) == 0  # too few values to call anything an outlier
 
 
-def test_ratio_of_means_and_its_bootstrap_interval() -> None:
-    r = stats.ratio_of_means([10.0, 12.0], [5.0, 6.0])
+def test_outliers_are_found_when_most_values_are_equal() -> None:
+    # MAD 0; mean absolute deviation 4: 30 has 0.7979 * 20 / 4 = 3.99 > 3.5
+    assert stats.count_outliers([10.0, 10.0, 10.0, 10.0, 30.0]) == 1
+    # mean absolute deviation 0.25: 11 has 0.7979 * 1 / 0.25 = 3.19, not an outlier
+    assert stats.count_outliers([10.0, 10.0, 10.0, 11.0]) == 0
+    assert stats.count_outliers([5.0, 5.0, 5.0]) == 0
+
+
+def test_ratio_of_means_with_welchs_interval_on_log_times() -> None:
+    base, other = [10.0, 12.0, 11.0], [5.0, 6.0, 5.5]
+    r = stats.ratio_of_means(base, other)
     assert r.value == pytest.approx(2.0)
-    # Resampled means: {10, 11, 12} over {5, 5.5, 6}; the extremes 10/6 and 12/5 each have
-    # probability 1/16 > 2.5 %, so they are the percentile interval's ends.
-    assert r.ci_lo == pytest.approx(10 / 6)
-    assert r.ci_hi == pytest.approx(2.4)
-    assert stats.ratio_of_means([10.0, 12.0], [5.0, 6.0]) == r  # seeded
+    assert (r.n_baseline, r.n_other, r.method) == (3, 3, "welch-log")
+    # by hand: Welch on logs, df from Welch-Satterthwaite
+    lb, lo = [math.log(v) for v in base], [math.log(v) for v in other]
+    vb, vo = statistics_sd(lb) ** 2 / 3, statistics_sd(lo) ** 2 / 3
+    df = (vb + vo) ** 2 / (vb**2 / 2 + vo**2 / 2)
+    from scipy import stats as sps
+
+    half = sps.t.ppf(0.975, df) * math.sqrt(vb + vo)
+    centre = sum(lb) / 3 - sum(lo) / 3
+    assert (r.ci_lo, r.ci_hi) == pytest.approx((math.exp(centre - half), math.exp(centre + half)))
+    assert r.boot_lo < r.value < r.boot_hi  # the bootstrap cross-check, seeded
+    assert stats.ratio_of_means(base, other) == r
+
+
+def test_a_sample_with_zeros_uses_fiellers_interval() -> None:
+    r = stats.ratio_of_means([0.0, 2.0, 4.0], [1.0, 1.1, 0.9])
+    assert r.method == "fieller" and r.value == pytest.approx(2.0)
+    assert r.ci_lo < 2.0 < r.ci_hi
+    # a denominator indistinguishable from zero: the interval is unbounded, so undefined
+    unbounded = stats.ratio_of_means([1.0, 1.1, 0.9], [0.0, 0.01, 0.5])
+    assert math.isnan(unbounded.ci_lo) and math.isnan(unbounded.ci_hi)
 
 
 def test_ratio_without_spread_information() -> None:
@@ -54,6 +101,57 @@ def test_ratio_without_spread_information() -> None:
     assert r.value == pytest.approx(10 / 5.5)
     assert math.isnan(r.ci_lo) and math.isnan(r.ci_hi)
     assert math.isnan(stats.ratio_of_means([], [1.0]).value)
+
+
+def simulate(n: int, true_ratio: float, runs: int, sigma: float, seed: int,
+             interval) -> tuple[float, float]:
+    """(coverage, share of intervals wholly above 1) over log-normal trial times."""
+    rng = np.random.default_rng(seed)
+    covered = above = 0
+    for _ in range(runs):
+        base = np.exp(rng.normal(math.log(true_ratio), sigma, n))
+        other = np.exp(rng.normal(0.0, sigma, n))
+        lo, hi = interval(base, other)
+        covered += lo <= true_ratio <= hi
+        above += lo > 1.0
+    return covered / runs, above / runs
+
+
+def ratio_interval(base: np.ndarray, other: np.ndarray) -> tuple[float, float]:
+    r = stats.ratio_of_means(base, other, cross_check=False)
+    return r.ci_lo, r.ci_hi
+
+
+@pytest.mark.parametrize("n", [3, 5, 10])
+def test_the_ratio_interval_covers_95_percent_and_rarely_supports_no_effect(n: int) -> None:
+    # 5 % trial-to-trial noise, as GPU training times have; seeded, 10,000 runs per point
+    coverage, _ = simulate(n, 2.0, 10_000, 0.05, seed=n, interval=ratio_interval)
+    assert 0.93 <= coverage <= 0.97
+    coverage, false_support = simulate(n, 1.0, 10_000, 0.05, seed=100 + n, interval=ratio_interval)
+    assert 0.93 <= coverage <= 0.97
+    assert false_support <= 0.03  # a `direction` claim "supported" with no true effect
+
+
+def test_the_bootstrap_cross_check_covers_far_too_little_at_three_trials() -> None:
+    # why the percentile bootstrap is not the interval verdicts use
+    coverage, false_support = simulate(
+        3, 1.0, 400, 0.05, seed=7,
+        interval=lambda b, o: stats.bootstrap_interval(b, o, seed=0, resamples=2000))
+    assert coverage < 0.90 and false_support > 0.03
+
+
+def test_a_difference_of_means_has_welchs_interval() -> None:
+    d = stats.difference_of_means([0.99, 0.98, 0.985], [0.97, 0.975, 0.98])
+    assert d.value == pytest.approx(0.01)
+    assert d.ci_lo < 0.01 < d.ci_hi and (d.n_a, d.n_b) == (3, 3)
+
+
+def test_instability_warnings() -> None:
+    assert stats.instability([10.0, 10.1, 9.9, 10.0]) == []
+    assert stats.instability([10.0, 13.0, 8.5, 10.0, 11.5]) == ["iqr", "max"]
+    assert stats.instability([10.0, 13.0, 9.9, 10.0, 10.1]) == ["max"]
+    assert stats.instability([12.0, 10.0, 10.1, 9.9]) == ["first"]  # warm-up across trials
+    assert stats.instability([10.0, 30.0]) == []  # too few to say
 
 
 def test_speedup_readings_of_the_papers_efficiency() -> None:

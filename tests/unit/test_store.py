@@ -47,3 +47,27 @@ def test_invalid_status_is_refused(tmp_path: Path) -> None:
 
 def test_reading_a_missing_file_gives_no_records(tmp_path: Path) -> None:
     assert store.read(tmp_path / "none.jsonl") == []
+
+
+def test_an_append_the_disk_cannot_hold_is_taken_back_whole(tmp_path: Path) -> None:
+    import errno
+
+    from tests.helpers import tmpfs
+
+    with tmpfs(tmp_path / "disk", "size=64k") as disk:
+        path = disk / "trials.jsonl"
+        store.append(path, {"status": "ok", "trial": 0})
+        before = path.read_bytes()
+        (disk / "spare").write_bytes(b"\0" * 4096)
+        with (disk / "filler").open("wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 1024)
+            except OSError:
+                pass
+        (disk / "spare").unlink()  # one page free: less than the next record needs
+        with pytest.raises(OSError) as caught:
+            store.append(path, {"status": "ok", "trial": 1, "pad": "x" * 20_000})
+        assert caught.value.errno == errno.ENOSPC
+        assert path.read_bytes() == before  # no partial line left
+        assert store.read_with_skipped(path) == ([{"status": "ok", "trial": 0}], [])

@@ -171,12 +171,16 @@ def prepare(request: Request, workers: int | None = None, echo: Callable[[str], 
         return out
     mnist.verify(request.mnist_dir)
     needed = estimate_bytes(request)
-    out.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(out).free
+    existing = next(p for p in [out, *out.parents] if p.exists())  # checked before creating
+    free = shutil.disk_usage(existing).free
     echo(f"Scenario B: {sum(request.counts().values())} images, {request.size}x{request.size} "
          f"{request.fmt} -> about {needed / 2**30:.2f} GiB in {out} ({free / 2**30:.1f} GiB free)")
     if needed > free:
         raise InputError(f"{out}: needs about {needed / 2**30:.2f} GiB, only {free / 2**30:.2f} GiB free")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{out}: cannot be created ({exc.strerror})") from None
     todo = [c for c in _chunks(request)
             if not (out / PARTS / f"{c[0]}-{c[1]:05d}.sha256").exists()]
     _run_chunks(request, todo, workers or os.cpu_count() or 1, progress)
@@ -197,8 +201,21 @@ def _run_chunks(request: Request, todo: list[tuple[str, int, int]], workers: int
         task = bar.add_task("writing images", total=total)
         futures = [pool.submit(_write_chunk, request.out, split, start, stop, request.size,
                                request.fmt) for split, start, stop in todo]
-        for future in as_completed(futures):
-            bar.advance(task, future.result())
+        try:
+            for future in as_completed(futures):
+                bar.advance(task, future.result())
+        except BaseException:  # a stop request: end the workers now, not after every chunk
+            _stop_pool(pool)
+            raise
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel the queued chunks and end the running ones. Every chunk writes its files
+    atomically and its checksum list last, so a resume redoes exactly the unfinished ones."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # gone after shutdown
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.kill()
 
 
 def _finish(request: Request) -> None:

@@ -83,6 +83,8 @@ def empty_summary(fmt: str) -> dict[str, Any]:
 
 def summarize(path: Path) -> dict[str, Any]:
     """One trace file -> metrics; InputError (exit 2) for a file that is neither format."""
+    if path.exists() and not path.is_file():
+        raise InputError(f"{path}: not a regular file (a FIFO or device is never read)")
     try:
         with path.open("rb") as f:
             head = f.read(16)
@@ -280,6 +282,12 @@ def summarize_kineto(doc: Any, path: Path) -> dict[str, Any]:
     if not events or not all(isinstance(e, dict) and "ph" in e for e in events):
         raise InputError(f"{path}: traceEvents holds no trace events (objects with a 'ph' field): "
                          "not a Kineto trace")
+    complete = [e for e in events if e["ph"] == "X"]
+    if not complete:
+        raise InputError(f"{path}: no complete ('X') events: nothing was traced")
+    if not all(isinstance(e.get("ts"), int | float) and isinstance(e.get("dur"), int | float)
+               for e in complete):
+        raise InputError(f"{path}: events whose 'ts' or 'dur' is not a number: not a Kineto trace")
     frame = pd.DataFrame([e for e in events if isinstance(e, dict) and e.get("ph") == "X"],
                          columns=["cat", "name", "ts", "dur", "args"])
     summary = empty_summary("kineto-json")
