@@ -164,7 +164,7 @@ PAPER_RUNS = (
     ("table2_precision", "paper"), ("table3_pin_memory", "paper"), ("figure6_loaders", "paper"),
     ("nhwc_layout", "paper"), ("numa_binding", "paper"), ("numa_binding", "controls"),
     ("numa_binding", "dali_affinity"), ("table4_llm_methods", "paper"),
-    ("table5_llm_pin_memory", "paper"),
+    ("table4_llm_methods", "traced"), ("table5_llm_pin_memory", "paper"),
 )
 # One GPU, about 30 minutes: C1-C3 (precision), C5 (pin_memory), the loaders vs the bound.
 KICK_RUNS = (("table2_precision", "kick"), ("table3_pin_memory", "kick"), ("figure6_loaders", "kick"))

@@ -70,6 +70,13 @@ def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool) -> tuple[floa
                        for p, sec in zip(planned, seconds, strict=True)) / 3600
     unit = cost.device_unit(str(s.fixed.get("device", "cuda")))
     configs = len(spec.configs(s))
+    if s.auto:
+        from multicard import adaptive
+
+        print(f"{s.name}: trials auto: {s.auto.min_rounds} to {s.auto.max_rounds} rounds until every "
+              f"interval is within +-{s.auto.half_width:.1%}; expected about "
+              f"{adaptive.expected_rounds(s.auto)} rounds at {adaptive.ASSUMED_CV:.0%} trial-to-trial "
+              f"variation; the estimate below is the worst case ({s.auto.max_rounds} rounds)")
     print(f"{s.name} (profile {s.profile}): {len(planned) // max(1, configs)} trial(s) x {configs} "
           f"configs = {len(planned)} trials"
           f"{' (traced ones included)' if any(p.trace != 'none' for p in planned) else ''}; estimated "
@@ -158,7 +165,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     claim_list = claims.load(claim_file) if args.claims or claim_file.is_file() else None
     make_dir(out, "--out")
     try:
-        sums = report.write_report(args.dirs, out, claim_list)
+        sums = report.write_report(args.dirs, out, claim_list, echo=print)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise

@@ -146,7 +146,21 @@ def display_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
     out["paper"] = [_paper(v) for v in table["paper"]]
     out["failed (cause)"] = [f"{n} ({', '.join(c)})" if n else "0"
                              for n, c in zip(table["failed"], table["failure_causes"], strict=True)]
+    out["warnings"] = ["; ".join(warning_texts(spec, r)) or "–" for _, r in table.iterrows()]
     return out
+
+
+def warning_texts(spec: Spec, row: pd.Series) -> list[str]:
+    """A config's instability warnings, in words (the numbers come from summarize/stats)."""
+    words = {"iqr": lambda: f"unstable: IQR/median {row['stability.iqr']:.0%} > 10 %",
+             "max": lambda: f"slowest trial {row['stability.max']:.2f}x the median (> 1.25x)",
+             "first": lambda: f"first trial {row['stability.first'] - 1:.0%} slower than the rest "
+                              "(a warm-up effect across trials?)"}
+    texts = [words[flag]() for flag in row.get("warnings", []) or []]
+    outliers = row.get(f"{spec.primary}.outliers", 0)
+    if outliers and not math.isnan(outliers):
+        texts.append(f"{int(outliers)} outlier(s) (modified z-score > 3.5, kept)")
+    return texts
 
 
 # The paper's Nsight metrics (PAPER.md section 5) -> trace summary keys. "CUDA memcpy HtoD" is the
@@ -317,7 +331,8 @@ def load_run(path: Path) -> RunData:
     return RunData(path, spec, env, records, planned=len(timing), torn_lines=torn)
 
 
-def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | None = None) -> Path:
+def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | None = None,
+                 echo: Callable[[str], None] | None = None) -> Path:
     """Tables, figures and REPORT.md for every run under `dirs` (several runs merge into one
     report: their claims are judged together), then SHA256SUMS over `out`."""
     runs = [load_run(p) for d in dirs for p in discover_runs(d)]
@@ -328,7 +343,7 @@ def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | N
     used: set[str] = set()
     for run in runs:
         name = _unique(run.spec.name, used)
-        sections.append(_experiment_section(run, name, out))
+        sections.append(_experiment_section(run, name, out, echo))
     sections += [_failures_section(runs, out), _compute_section(runs, out), _verify_section(out)]
     header = (f"# multicard report\n\nGenerated {datetime.now(UTC).isoformat(timespec='seconds')} "
               f"by multicard {multicard.__version__}.\n")
@@ -345,25 +360,37 @@ def _unique(name: str, used: set[str]) -> str:
 
 
 def _environment_section(runs: list[RunData], out: Path) -> str:
-    rows = []
+    """One row per machine and software stack, with the runs made on it; each topology once."""
+    machines: dict[tuple[Any, ...], dict[str, Any]] = {}
     for run in runs:
-        env = run.env
-        gpus = env.get("gpus") or []
-        gpu_text = f"{len(gpus)}x {gpus[0]['name']}" if gpus else "none"
-        torch_info = env.get("torch") or {}
-        rows.append({
-            "run": _rel(run.path, out), "host": env.get("host"),
-            "CPU": (env.get("cpu") or {}).get("model"),
-            "CPUs": (env.get("cpu") or {}).get("logical_cpus"),
-            "NUMA nodes": len((env.get("topology") or {}).get("nodes") or []), "GPUs": gpu_text,
-            "torch": torch_info.get("version"), "CUDA": torch_info.get("cuda"),
-            "git": ((env.get("git") or {}).get("sha") or "")[:10],
-        })
+        row = _machine_row(run.env)
+        entry = machines.setdefault(tuple(row.values()), {"runs": [], **row})
+        entry["runs"].append(f"`{_rel(run.path, out)}`")
+    rows = [{**m, "runs": ", ".join(m["runs"])} for m in machines.values()]
     table = tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
-    topologies = "".join(f"\nTopology of `{_rel(run.path, out)}` (NUMA nodes, GPUs):\n\n"
-                         f"{topology_tables(run.env)}" for run in runs)
+    seen: dict[str, list[str]] = {}
+    for run in runs:
+        seen.setdefault(topology_tables(run.env), []).append(f"`{_rel(run.path, out)}`")
+    topologies = "".join(f"\nTopology of {_names(names)} (NUMA nodes, GPUs):\n\n{text}"
+                         for text, names in seen.items())
     return ("## Environment\n\nFull details: `env.json` in each run directory.\n\n" + table + "\n"
             + topologies)
+
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"the {len(names)} runs above" \
+        if len(names) > 3 else ", ".join(names)
+
+
+def _machine_row(env: dict[str, Any]) -> dict[str, Any]:
+    gpus = env.get("gpus") or []
+    torch_info = env.get("torch") or {}
+    return {"host": env.get("host"), "CPU": (env.get("cpu") or {}).get("model"),
+            "CPUs": (env.get("cpu") or {}).get("logical_cpus"),
+            "NUMA nodes": len((env.get("topology") or {}).get("nodes") or []),
+            "GPUs": f"{len(gpus)}x {gpus[0]['name']}" if gpus else "none",
+            "torch": torch_info.get("version"), "CUDA": torch_info.get("cuda"),
+            "git": ((env.get("git") or {}).get("sha") or "")[:10]}
 
 
 def _cpu_ranges(cpus: list[int]) -> str:
@@ -397,6 +424,31 @@ def _rel(path: Path, out: Path) -> str:
         return str(path)
 
 
+INTERVALS_NOTE = (
+    "n counts ok timing trials. Intervals are 95 %: of a mean, Cox's interval for a log-normal "
+    "sample (a t interval clipped at 0 where values are 0); of a speedup (a ratio of means), "
+    "Welch's t on log values, or Fieller's where values are 0; the percentile bootstrap is in the "
+    "CSV beside it as a cross-check only (it covers about 80 % at n = 3). A claim is decided only "
+    "from at least {min_ok} ok trials per arm. The intervals describe trial-to-trial noise on "
+    "this machine; they say nothing about another machine.")
+
+
+def _config_label(spec: Spec, row: pd.Series) -> str:
+    return " ".join(f"{k}={row[k]}" for k in spec.grid)
+
+
+def _auto_note(run_dir: Path) -> list[str]:
+    """How `--trials auto` decided to stop (auto.json, written by the runner)."""
+    path = run_dir / "auto.json"
+    if not path.exists():
+        return []
+    found = json.loads(path.read_text())
+    return ["", f"Trials: auto, {found['min_rounds']} to {found['max_rounds']} rounds until every "
+            f"interval is within +-{found['half_width']:.1%}: "
+            f"{'stopped' if found['stopped'] else 'going on'} after {found['rounds']} rounds "
+            f"({found['reason']})."]
+
+
 VISION_TIMING_NOTE = (
     "What the times contain: an epoch runs from the loader's start through its last step (device "
     "synchronised) and the loader's shutdown; every loader makes its first batch inside the timed "
@@ -407,7 +459,8 @@ VISION_TIMING_NOTE = (
     "the copies' own duration (CUDA events).")
 
 
-def _experiment_section(run: RunData, name: str, out: Path) -> str:
+def _experiment_section(run: RunData, name: str, out: Path,
+                        echo: Callable[[str], None] | None = None) -> str:
     spec = run.spec
     trials = summarize.trial_table(spec, run.records)
     failed = summarize.failures(spec, run.records)
@@ -431,7 +484,16 @@ def _experiment_section(run: RunData, name: str, out: Path) -> str:
         "",
         markdown,
         f"Raw per-trial values: `tables/{name}_trials.csv`; all statistics: `tables/{name}.csv`.",
+        "",
+        INTERVALS_NOTE.format(min_ok=spec.min_ok),
     ]
+    lines += _auto_note(run.path)
+    warned = [f"- {_config_label(spec, r)}: {'; '.join(texts)}" for _, r in table.iterrows()
+              if (texts := warning_texts(spec, r))]
+    if warned:
+        lines += ["", f"Warnings ({_label(spec.primary)}):", "", *warned]
+        for line in warned if echo else []:
+            echo(f"warning: {spec.name}: {line.removeprefix('- ')}")
     if spec.workload == "vision":
         lines += ["", VISION_TIMING_NOTE]
     lines += _trace_sections(spec, run.records, name, tables)

@@ -100,6 +100,7 @@ class Spec:
     min_ok: int = MIN_OK_DEFAULT  # ok trials per arm that a verdict needs
     trace_count: int = TRACE_COUNT_DEFAULT  # traced trials per config
     auto: Auto | None = None  # trials until the answer is clear; `trials` is then the most
+    half_width: float = HALF_WIDTH_DEFAULT  # the target of `auto` ([trials].half_width)
 
 
 @dataclass(frozen=True)
@@ -241,8 +242,7 @@ def with_trials(spec: Spec, trials: int | str | None) -> Spec:
         return spec
     if isinstance(trials, int):
         return dataclasses.replace(spec, trials=trials, auto=None)
-    half_width = spec.auto.half_width if spec.auto else HALF_WIDTH_DEFAULT
-    auto = parse_auto(trials, spec.min_ok, half_width, "--trials")
+    auto = parse_auto(trials, spec.min_ok, spec.half_width, "--trials")
     return dataclasses.replace(spec, trials=auto.max_rounds, auto=auto)
 
 
@@ -258,12 +258,12 @@ def _counts(check: _Checker, trials: Mapping[str, Any], profile: str) -> dict[st
             or not 0 < half_width < 1:
         check.fail("[trials].half_width", "a relative half-width between 0 and 1 (0.02 = 2 %)",
                    half_width)
+    common = {"min_ok": min_ok, "trace_count": trace_count, "half_width": float(half_width)}
     if isinstance(count, str):
         auto = parse_auto(count, min_ok, float(half_width), f"{check.path}: [trials].count")
-        return {"trials": auto.max_rounds, "min_ok": min_ok, "trace_count": trace_count,
-                "auto": auto}
+        return {"trials": auto.max_rounds, "auto": auto, **common}
     return {"trials": _int(check, "[trials].count", count, minimum=1, maximum=MAX_TRIALS),
-            "min_ok": min_ok, "trace_count": trace_count, "auto": None}
+            "auto": None, **common}
 
 
 def parse_auto(text: str, min_ok: int, half_width: float, where: str) -> Auto:
@@ -530,7 +530,7 @@ def to_toml(spec: Spec) -> str:
                    "trace": spec.trace, "trace_trials": spec.trace_trials,
                    "trace_fallback": spec.trace_fallback, "trace_count": spec.trace_count,
                    "min_ok": spec.min_ok,
-                   "half_width": spec.auto.half_width if spec.auto else HALF_WIDTH_DEFAULT},
+                   "half_width": spec.half_width},
         "report": {"primary": spec.primary, "metrics": spec.metrics, "figure": spec.figure,
                    "breakdown": spec.breakdown},
         "reference": [

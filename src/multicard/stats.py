@@ -231,24 +231,32 @@ def direction(ci_lo: float, ci_hi: float, reference: float = 1.0) -> str:
     return f"contains {reference:g}"
 
 
-def instability(values: ArrayLike) -> list[str]:
-    """Which instability rules trial values break, in trial order: "iqr" (IQR/median > 0.10),
-    "max" (max/median > 1.25), "first" (trial 0 slower than every other and 5 % above their
-    median). Needs 3 values or more; the words are the report's to choose."""
+@dataclass(frozen=True)
+class Stability:
+    """The instability rules of hyperfine, pyperf and torch.utils.benchmark on trial values in
+    trial order; NaN where there are fewer than 3 values. `flags` names the rules broken:
+    "iqr" (IQR/median > 0.10), "max" (max/median > 1.25), "first" (trial 0 slower than every
+    other trial and 5 % above their median: a warm-up effect that crosses trials)."""
+
+    iqr_over_median: float
+    max_over_median: float
+    first_over_rest: float
+    flags: tuple[str, ...]
+
+
+def stability(values: ArrayLike) -> Stability:
     x = np.asarray(values, dtype=float)
     if len(x) < 3 or np.median(x) <= 0:
-        return []
+        return Stability(NAN, NAN, NAN, ())
     median = float(np.median(x))
     q1, q3 = np.percentile(x, [25, 75])
-    flags = []
-    if (q3 - q1) / median > UNSTABLE_IQR:
-        flags.append("iqr")
-    if x.max() / median > UNSTABLE_MAX:
-        flags.append("max")
+    iqr, peak = float((q3 - q1) / median), float(x.max() / median)
     rest = x[1:]
-    if x[0] > rest.max() and x[0] > FIRST_TRIAL_SLOWER * float(np.median(rest)):
-        flags.append("first")
-    return flags
+    first = float(x[0] / np.median(rest))
+    flags = [name for name, broken in (
+        ("iqr", iqr > UNSTABLE_IQR), ("max", peak > UNSTABLE_MAX),
+        ("first", x[0] > rest.max() and first > FIRST_TRIAL_SLOWER)) if broken]
+    return Stability(iqr, peak, first, tuple(flags))
 
 
 def time_reduction(ratio: float) -> float:

@@ -121,6 +121,10 @@ def config_table(spec: Spec, trials: pd.DataFrame, failed: pd.DataFrame) -> pd.D
             summary = stats.summarize(mine[metric].dropna().tolist())
             row |= {f"{metric}.{f}": getattr(summary, f) for f in SUMMARY_FIELDS}
         row |= _speedup(spec, trials, config, mine)
+        ordered = mine.sort_values("trial")[spec.primary].dropna().tolist() if len(mine) else []
+        steadiness = stats.stability(ordered)
+        row |= {"stability.iqr": steadiness.iqr_over_median, "stability.max": steadiness.max_over_median,
+                "stability.first": steadiness.first_over_rest, "warnings": list(steadiness.flags)}
         if spec.breakdown:
             row |= breakdown(mine)
         # an interrupted attempt (the runner was stopped) is no failure of the config: it is
@@ -151,6 +155,8 @@ def _speedup(spec: Spec, trials: pd.DataFrame, config: dict[str, Any],
     return {
         "baseline": False,
         "speedup": ratio.value, "speedup.lo": ratio.ci_lo, "speedup.hi": ratio.ci_hi,
+        "speedup.method": ratio.method, "speedup.bootstrap_lo": ratio.boot_lo,
+        "speedup.bootstrap_hi": ratio.boot_hi,
         "time_reduction": stats.time_reduction(ratio.value),
         "time_reduction.lo": stats.time_reduction(ratio.ci_lo),
         "time_reduction.hi": stats.time_reduction(ratio.ci_hi),

@@ -71,7 +71,8 @@ def test_markdown_table_shows_n_mean_sd_ci_and_speedups(reported: Path) -> None:
 
 def test_failures_and_paper_values_are_shown(reported: Path) -> None:
     table = rows((reported / "tables" / "table2_precision.md").read_text())
-    assert table[("bf16", "2")][-1] == "1 (oom)"  # the "failed (cause)" column
+    assert table[("bf16", "2")][-2] == "1 (oom)"  # the "failed (cause)" column
+    assert table[("bf16", "2")][-1] == "–"  # "warnings": none for a config without trials
     assert table[("bf16", "2")][2] == "0"
     assert "test acc. (%) 97.94" in " ".join(table[("fp16", "2")])
     text = (reported / "REPORT.md").read_text()
@@ -137,7 +138,7 @@ def test_facets_breakdown_and_binary_paper_outcomes(tmp_path: Path) -> None:
     lines = [ln for ln in (run / "tables" / "figure6_loaders.md").read_text().splitlines()][2:]
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
     row = next(c for c in cells if c[:3] == ["torch", "500", "2"])
-    assert row[-2] == "fails to run" and row[-1] == "1 (oom)"
+    assert row[-3] == "fails to run" and row[-2] == "1 (oom)"
     import pandas as pd
 
     csv = pd.read_csv(run / "tables" / "figure6_loaders.csv")

@@ -147,11 +147,14 @@ def test_a_difference_of_means_has_welchs_interval() -> None:
 
 
 def test_instability_warnings() -> None:
-    assert stats.instability([10.0, 10.1, 9.9, 10.0]) == []
-    assert stats.instability([10.0, 13.0, 8.5, 10.0, 11.5]) == ["iqr", "max"]
-    assert stats.instability([10.0, 13.0, 9.9, 10.0, 10.1]) == ["max"]
-    assert stats.instability([12.0, 10.0, 10.1, 9.9]) == ["first"]  # warm-up across trials
-    assert stats.instability([10.0, 30.0]) == []  # too few to say
+    assert stats.stability([10.0, 10.1, 9.9, 10.0]).flags == ()
+    wide = stats.stability([10.0, 13.0, 8.5, 10.0, 11.5])
+    assert wide.flags == ("iqr", "max")
+    assert wide.iqr_over_median == pytest.approx(0.15) and wide.max_over_median == pytest.approx(1.3)
+    assert stats.stability([10.0, 13.0, 9.9, 10.0, 10.1]).flags == ("max",)
+    warm = stats.stability([12.0, 10.0, 10.1, 9.9])  # a warm-up effect across trials
+    assert warm.flags == ("first",) and warm.first_over_rest == pytest.approx(1.2)
+    assert stats.stability([10.0, 30.0]).flags == ()  # too few to say
 
 
 def test_speedup_readings_of_the_papers_efficiency() -> None:
