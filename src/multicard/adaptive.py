@@ -35,19 +35,21 @@ class Decision:
 
 
 def half_widths(spec: Spec, records: list[dict[str, Any]]) -> dict[str, float]:
-    """config_id -> relative half-width of its primary-metric interval (see the module doc)."""
+    """config_id -> relative half-width of its primary-metric interval (see the module doc); a
+    config whose baseline has fewer than 2 ok trials falls back to its own mean's interval."""
     trials = summarize.trial_table(_primary_only(spec), records)
+    values = {cid: trials.loc[trials["config_id"] == cid, spec.primary].dropna().to_numpy()
+              for cid, _, _ in specmod.configs(spec)}
     widths = {}
     for cid, config, _ in specmod.configs(spec):
-        mine = trials.loc[trials["config_id"] == cid, spec.primary].dropna().to_numpy()
+        mine = values[cid]
         base_config = specmod.baseline_config(spec, config)
-        if base_config is None or base_config == config:
+        base_id = next((c for c, settings, _ in specmod.configs(spec) if settings == base_config), None)
+        if base_id is None or base_id == cid or len(values[base_id]) < 2:
             lo, hi = stats.mean_ci(mine)
             centre = float(mine.mean()) if len(mine) else math.nan
         else:
-            base_id = next(c for c, settings, _ in specmod.configs(spec) if settings == base_config)
-            base = trials.loc[trials["config_id"] == base_id, spec.primary].dropna().to_numpy()
-            ratio = stats.ratio_of_means(base, mine, cross_check=False)
+            ratio = stats.ratio_of_means(values[base_id], mine, cross_check=False)
             lo, hi, centre = ratio.ci_lo, ratio.ci_hi, ratio.value
         widths[cid] = (hi - lo) / 2 / abs(centre) if centre and not math.isnan(lo) else math.nan
     return widths
@@ -61,19 +63,30 @@ def _primary_only(spec: Spec) -> Spec:
 
 def decide(spec: Spec, auto: Auto, records: list[dict[str, Any]], rounds_done: int,
            skipped: set[str]) -> Decision:
-    """Whether to start another round (configs in `skipped` cannot run here and do not count)."""
+    """Whether to start another round. Configs in `skipped` cannot run here, and configs with
+    no ok trial after MIN rounds keep failing: neither holds the run open (both are named)."""
+    ok = {r["config_id"] for r in records if r.get("status") == "ok" and r.get("trace", "none") == "none"}
     widths = {cid: w for cid, w in half_widths(spec, records).items() if cid not in skipped}
-    if rounds_done >= auto.max_rounds:
-        return Decision(True, rounds_done, f"reached the most rounds ({auto.max_rounds})", widths)
+    failing = sorted(cid for cid in widths if cid not in ok)
+    open_ = {cid: w for cid, w in widths.items() if cid not in failing
+             and (math.isnan(w) or w > auto.half_width)}
     if rounds_done < auto.min_rounds:
         return Decision(False, rounds_done, f"fewer than {auto.min_rounds} rounds", widths)
-    open_ = {cid: w for cid, w in widths.items() if math.isnan(w) or w > auto.half_width}
+    left_out = f"; {len(failing)} config(s) with no ok trial left out" if failing else ""
+    if len(failing) == len(widths):
+        return Decision(True, rounds_done, f"no config has an ok trial after {rounds_done} rounds",
+                        widths)
     if not open_:
         return Decision(True, rounds_done, f"every interval within +-{auto.half_width:.1%} after "
-                        f"{rounds_done} rounds", widths)
+                        f"{rounds_done} rounds{left_out}", widths)
+    if rounds_done >= auto.max_rounds:
+        return Decision(True, rounds_done, f"reached the most rounds ({auto.max_rounds}) with "
+                        f"{len(open_)} interval(s) wider than +-{auto.half_width:.1%}{left_out}",
+                        widths)
     worst = max(open_.values(), key=lambda w: math.inf if math.isnan(w) else w)
+    widest = "undefined" if math.isnan(worst) else f"{worst:.1%}"
     return Decision(False, rounds_done, f"{len(open_)} interval(s) still wider than "
-                    f"+-{auto.half_width:.1%} (widest {worst:.1%})", widths)
+                    f"+-{auto.half_width:.1%} (widest {widest}){left_out}", widths)
 
 
 def expected_rounds(auto: Auto, cv: float = ASSUMED_CV) -> int:

@@ -236,6 +236,9 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
     groups: list[Evidence] = []
     notes: list[str] = []
     metric = claim.metric.removeprefix("trace.")
+    # the factors any run of the experiment varies: groups of two runs (a profile that fixes a
+    # factor the other varies) get the same labels, and the better evidence of a group is kept
+    factors = list(dict.fromkeys(k for run in runs for k in run.spec.grid))
     for run in runs:
         traced = claim.metric.startswith("trace.")
         source = run.traces if traced else run.trials
@@ -244,18 +247,20 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
         frame = _with_fixed(source, run.spec)
         frame = frame[_selected(frame, claim.where)]
         varied = set(claim.compare) | set(claim.against)
-        others = [k for k in run.spec.grid if k not in varied and k in frame]
+        others = [k for k in factors if k not in varied and k in frame]
         grouped = frame.groupby(others, sort=False) if others else [((), frame)]
         minimum = TRACED_MIN_OK if traced else run.spec.min_ok
         for keys, group in grouped:
             keys = keys if isinstance(keys, tuple) else (keys,)
             a = group.loc[_selected(group, claim.against), metric].dropna().tolist()
             b = group.loc[_selected(group, claim.compare), metric].dropna().tolist()
-            if not (a and b):
-                continue
             label = ", ".join(f"{k}={v}" for k, v in zip(others, keys, strict=True)) or "all"
-            groups.append(_group(claim, label, a, b, minimum))
-            notes += _attempt_notes(claim, run, dict(zip(others, keys, strict=True)), traced)
+            lost = _attempt_notes(claim, run, dict(zip(others, keys, strict=True)), traced)
+            if a and b:
+                groups.append(_group(claim, label, a, b, minimum))
+            elif (a or b) and lost:  # an arm with no ok trial at all: say so, decide nothing
+                groups.append(Evidence(label, n=(len(a), len(b)), decision="too few"))
+            notes += lost
     if not groups:
         return Verdict(claim, "not run", f"no trials of {claim.experiment} match the comparison")
     return _verdict(claim, groups, notes)
@@ -300,12 +305,23 @@ def _matches(settings: Mapping[str, Any], selector: Mapping[str, Any]) -> bool:
 
 
 def _verdict(claim: Claim, groups: list[Evidence], notes: list[str]) -> Verdict:
+    groups = _best_per_label(groups)
     decisions = ["inconclusive" if g.decision == "too few" else g.decision for g in groups]
     verdict = _across(decisions)
     why = _why(groups, verdict)
     if notes:
         why += "; " + "; ".join(notes)
     return Verdict(claim, verdict, why, tuple(groups))
+
+
+def _best_per_label(groups: list[Evidence]) -> list[Evidence]:
+    """One group per label: where several runs of an experiment hold the same group (a traced
+    profile's timing trials beside the paper run's), the one with the most trials per arm."""
+    best: dict[str, Evidence] = {}
+    for g in groups:
+        if g.label not in best or min(g.n) > min(best[g.label].n):
+            best[g.label] = g
+    return list(best.values())
 
 
 def _with_fixed(trials: pd.DataFrame, spec: Spec) -> pd.DataFrame:
@@ -372,7 +388,7 @@ def _across(decisions: list[str]) -> str:
         return "supported"
     if found == {"contradicted"}:
         return "contradicted"
-    if {"supported", "contradicted"} <= found:
+    if "contradicted" in found and found & {"supported", CONSISTENT}:
         return "mixed"
     if found <= {"supported", CONSISTENT}:
         return CONSISTENT
@@ -413,11 +429,24 @@ def _outcome(claim: Claim, runs: list[Results]) -> Verdict:
             if record.get("experiment") == run.spec.name and record.get("status") not in (
                     "interrupted", "skipped") and record.get("trace", "none") == "none" \
                     and _matches({**run.spec.fixed, **record["config"]}, claim.compare):
-                by_config.setdefault(str(record["config"]), []).append(record)
+                label = ", ".join(f"{k}={v}" for k, v in record["config"].items())
+                by_config.setdefault(label, []).append(record)
     if not by_config:
         return Verdict(claim, "not run", "no attempted trial of the configs the claim names")
     groups = [_outcome_group(claim, config, records) for config, records in by_config.items()]
-    return _verdict(claim, groups, [])
+    notes = [f"{config}: {_ending(records)}" for config, records in by_config.items()]
+    return _verdict(claim, groups, notes)
+
+
+def _ending(records: list[dict[str, Any]]) -> str:
+    """"4 of 5 attempts out of memory, 1 ok" / "1 of 1 failed (ModuleNotFoundError)"."""
+    kinds: dict[str, int] = {}
+    for r in records:
+        error = (r.get("error") or {}).get("type")
+        word = "ok" if r["status"] == "ok" else _STATUS_WORDS.get(r["status"], r["status"])
+        key = f"{word} ({error})" if r["status"] == "failed" and error else word
+        kinds[key] = kinds.get(key, 0) + 1
+    return f"of {len(records)} attempts " + ", ".join(f"{n} {k}" for k, n in kinds.items())
 
 
 def _outcome_group(claim: Claim, config: str, records: list[dict[str, Any]]) -> Evidence:
@@ -505,12 +534,31 @@ def _dominates(claim: Claim, runs: list[Results]) -> Verdict:
 
 
 def _numa(claim: Claim, runs: list[Results]) -> Verdict:
-    answers = [summarize.numa_findings(run.spec, run.trials)[0].answer for run in runs]
+    answers = []
+    for run in runs:
+        thin = _thin_numa_arms(run)
+        answers.append(f"too few ok trials ({thin})" if thin else
+                       summarize.numa_findings(run.spec, run.trials)[0].answer)
     if all(a == "not run" for a in answers):
         return Verdict(claim, "not run", "no 3-4 GPU DataLoader trials under both none and local")
     mapping = {"yes": "supported", "no": "contradicted", "partly": "inconclusive"}
-    decisions = [mapping[a] for a in answers if a in mapping]
+    decisions = [mapping.get(a, "inconclusive") for a in answers if a != "not run"]
     return Verdict(claim, _across(decisions), f"NUMA test answer(s): {', '.join(answers)}")
+
+
+def _thin_numa_arms(run: Results) -> str:
+    """The 3-4 GPU arms of the NUMA test's first question that have fewer than min_ok trials."""
+    frame = _with_fixed(run.trials, run.spec)
+    needed = [("torch", "none"), ("torch", "local"), ("dali", "local")]
+    thin = []
+    for gpus in summarize.PENALTY_GPUS:
+        for loader, policy in needed:
+            n = int(((frame.get("loader") == loader) & (frame.get("numa_policy") == policy)
+                     & (frame.get("gpus") == gpus)).sum()) if {"loader", "numa_policy", "gpus"} \
+                <= set(frame) else 0
+            if 0 < n < run.spec.min_ok:
+                thin.append(f"{loader}/{policy} at {gpus} GPUs: n = {n} < {run.spec.min_ok}")
+    return "; ".join(thin)
 
 
 JUDGES: dict[str, Callable[[Claim, list[Results]], Verdict]] = {

@@ -142,6 +142,7 @@ def display_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
             out[title] = [
                 "baseline" if r["baseline"] else
                 _with_ci(r[key], r[f"{key}.lo"], r[f"{key}.hi"], fmt)
+                + (" (Fieller)" if r.get("speedup.method") == "fieller" else "")
                 for _, r in table.iterrows()]
     out["paper"] = [_paper(v) for v in table["paper"]]
     out["failed (cause)"] = [f"{n} ({', '.join(c)})" if n else "0"

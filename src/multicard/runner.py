@@ -43,15 +43,16 @@ OOM_PATTERNS = ("CUDA out of memory", "OutOfMemoryError", "out of memory",
 # Causes that a traceback's exception type would hide (a DataLoader worker dying shows up as a
 # RuntimeError); the first pattern found in the stderr tail names the failure.
 CAUSES = (
-    (re.compile(r"No space left on device|unable to (?:write to|mmap) .*(?:shm|torch_)|Bus error"),
-     "SharedMemoryExhausted"),
+    # the DataLoader's shared-memory errors (a full /dev/shm), not any full disk
+    (re.compile(r"unable to (?:write to|mmap) .*(?:shm|torch_)|Bus error"), "SharedMemoryExhausted"),
     (re.compile(r"DataLoader worker \(pid\(?s?\)? ?[\d, ]+\)? (?:is killed by signal|exited unexpectedly)"),
      "DataLoaderWorkerKilled"),
-    # torchrun's summary when a rank died from a signal (the kernel's OOM killer sends SIGKILL)
-    (re.compile(r"Signal \d+ \(SIG\w+\) received by PID \d+"), "RankKilled"),
-    # NCCL's own errors (ncclSystemError, ncclUnhandledCudaError, ..., and the watchdog's timeouts)
-    (re.compile(r"NCCL error|nccl\w*Error|NCCL communicator|ProcessGroupNCCL.*(?:Timeout|timed out)"),
-     "NCCLError"),
+    # torchrun's summary when a rank got SIGKILL (the kernel's OOM killer sends it); a rank that
+    # crashed on another signal (SIGSEGV, SIGABRT) is no resource limit
+    (re.compile(r"Signal 9 \(SIGKILL\) received by PID \d+"), "RankKilled"),
+    (re.compile(r"Signal \d+ \(SIG\w+\) received by PID \d+"), "RankSignalled"),
+    # NCCL out of system resources or of device memory; its usage errors and hangs are not
+    (re.compile(r"ncclSystemError|ncclUnhandledCudaError|NCCL.{0,80}out of memory"), "NCCLError"),
 )
 _EXCEPTION_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)):\s*(.*)$")
 
@@ -235,10 +236,24 @@ class RoundKeeper:
             return planned.trial < self.stopped_at
         if planned.trial > self.round:
             self.round = planned.trial
-            if self.round >= auto.min_rounds and self._decide(self.round).stop:
+            done = self.round - self.first_timing  # timing rounds before this one
+            # decide only at a round's start: a round begun before a resume is finished first
+            if done >= auto.min_rounds and not self._begun(self.round) and self._decide(done).stop:
                 self.stopped_at = self.round
                 return False
         return True
+
+    @property
+    def first_timing(self) -> int:
+        """The first timing trial index (traced trials come first with trace_trials = "first")."""
+        spec = self.spec
+        if spec.trace != "none" and spec.trace_trials == "first":
+            return min(spec.trace_count, spec.trials)
+        return 0
+
+    def _begun(self, trial: int) -> bool:
+        return any(r.get("trial") == trial and r.get("trace", "none") == "none"
+                   for r in store.read(self.trials_file))
 
     def _decide(self, rounds_done: int) -> adaptive.Decision:
         assert self.spec.auto is not None
@@ -256,7 +271,7 @@ class RoundKeeper:
     def finish(self) -> None:
         """After the last planned round: record why the run ended there."""
         if self.spec.auto is not None and self.stopped_at is None:
-            self._decide(self.spec.auto.max_rounds)
+            self._decide(self.spec.auto.max_rounds - self.first_timing)
 
 
 def _check_devices(spec: Spec, todo: list[PlannedTrial]) -> list[devices.GpuIdentity]:
@@ -546,6 +561,10 @@ def classify(returncode: int | None, timed_out: bool, stderr_tail: str,
         if match := pattern.search(tail):
             kind, message = name, cause_message(tail, match, message)
             break
+    if kind is None and returncode == -signal.SIGKILL:
+        # the launcher itself got SIGKILL from outside: the OOM killer, or a scheduler's limit
+        return "failed", {"type": "RankKilled", "message": "killed by signal 9 (SIGKILL: the "
+                          "kernel's OOM killer or a scheduler)", "stderr_tail": tail}
     if kind is None:
         kind = "ExitCode"
         message = (f"exit status {returncode}" if returncode == 0 or returncode is None

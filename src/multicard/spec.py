@@ -276,6 +276,9 @@ def parse_auto(text: str, min_ok: int, half_width: float, where: str) -> Auto:
     if not 2 <= low <= high <= MAX_TRIALS:
         raise InputError(f"{where}: expected 2 <= MIN <= MAX <= {MAX_TRIALS} in auto:MIN..MAX, "
                          f"got {text!r}")
+    if low < min_ok:
+        raise InputError(f"{where}: auto's MIN ({low}) is below the verdict minimum of this "
+                         f"profile ([trials].min_ok = {min_ok}): no verdict could use the trials")
     return Auto(low, high, half_width)
 
 

@@ -14,8 +14,8 @@ standard deviation (ddof=1), a 95% confidence interval of the mean, median, min 
   n = 3, is kept as a cross-check column only;
 - a difference of means (accuracy points) has Welch's t interval.
 
-Outliers are flagged by the modified z-score (Iglewicz & Hoaglin), with the mean absolute
-deviation standing in when the MAD is 0; never dropped. Instability is flagged as hyperfine,
+Outliers are flagged by the modified z-score (Iglewicz & Hoaglin), with a spread of 0.1 % of the
+median standing in when the MAD is 0; never dropped. Instability is flagged as hyperfine,
 pyperf and torch.utils.benchmark do: a wide interquartile range, a maximum far above the median,
 a first trial slower than every other (a warm-up effect that crosses trials).
 """
@@ -33,7 +33,7 @@ CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 10_000
 OUTLIER_Z = 3.5  # Iglewicz & Hoaglin's cut-off for the modified z-score
 MAD_TO_SIGMA = 0.6745  # MAD of a standard normal
-MEANAD_TO_SIGMA = 0.7979  # mean absolute deviation of a standard normal (sqrt(2 / pi))
+MAD_FLOOR = 1e-3  # with MAD 0: the spread assumed, as a share of the median
 UNSTABLE_IQR = 0.10  # IQR / median above this: torch.utils.benchmark's warning
 UNSTABLE_MAX = 1.25  # max / median above this: a run much slower than the typical one
 FIRST_TRIAL_SLOWER = 1.05  # trial 0 this much above the median of the rest, and above all of them
@@ -123,19 +123,20 @@ def _t(confidence: float, df: float) -> float:
 
 
 def count_outliers(values: ArrayLike) -> int:
-    """Values whose modified z-score exceeds 3.5: 0.6745 |x - median| / MAD, or, when more than
-    half the values are equal (MAD 0), |x - median| / (1.2533 mean absolute deviation)."""
+    """Values whose modified z-score 0.6745 |x - median| / MAD exceeds 3.5 (Iglewicz & Hoaglin).
+    When more than half the values are equal the MAD is 0; the scale is then 0.1 % of the median
+    instead, so a value is an outlier when it lies more than about 0.5 % from the equal majority
+    (a fixed relative floor, since no spread of the majority can be measured)."""
     x = np.asarray(values, dtype=float)
     if len(x) < 3:
         return 0
-    deviation = np.abs(x - np.median(x))
-    mad = np.median(deviation)
-    if mad > 0:
-        return int(np.sum(MAD_TO_SIGMA * deviation / mad > OUTLIER_Z))
-    mean_ad = deviation.mean()
-    if mean_ad == 0:
-        return 0  # all equal
-    return int(np.sum(MEANAD_TO_SIGMA * deviation / mean_ad > OUTLIER_Z))
+    median = float(np.median(x))
+    deviation = np.abs(x - median)
+    mad = float(np.median(deviation))
+    scale = mad if mad > 0 else MAD_FLOOR * abs(median) * MAD_TO_SIGMA
+    if scale == 0:
+        return 0  # all equal, at zero
+    return int(np.sum(MAD_TO_SIGMA * deviation / scale > OUTLIER_Z))
 
 
 def ratio_of_means(baseline: ArrayLike, other: ArrayLike, seed: int = 0,

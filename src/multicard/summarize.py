@@ -222,7 +222,8 @@ def pause_table(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
 
 def effects(spec: Spec, trials: pd.DataFrame, factor: str, base: Any, metric: str) -> pd.DataFrame:
     """For each other level of `factor`, mean(metric at base) / mean(metric at level), with its
-    bootstrap 95% CI and where that CI lies, within every combination of the other factors.
+    95% interval (stats.ratio_of_means) and where that interval lies, within every combination
+    of the other factors.
     For a time, a ratio above 1 means the level is faster than the base."""
     if factor not in spec.grid or base not in spec.grid[factor] or trials.empty:
         return pd.DataFrame()

@@ -13,7 +13,8 @@ from tests.helpers import write_spec
 
 def auto_spec(tmp_path: Path, count: str = "auto:3..8", half_width: float = 0.02) -> spec.Spec:
     path = write_spec(tmp_path, grid={"precision": ["fp32", "bf16"]},
-                      trials={"count": count, "half_width": half_width}, baseline={"precision": "fp32"})
+                      trials={"count": count, "half_width": half_width, "min_ok": 3},
+                      baseline={"precision": "fp32"})
     return spec.load(path)
 
 
@@ -43,7 +44,9 @@ def test_the_rule_waits_for_the_minimum_then_stops_when_every_interval_is_tight(
     loose = records(s, {"fp32": [10.0, 11.0, 9.0], "bf16": [5.0, 5.5, 4.5]})
     decision = adaptive.decide(s, s.auto, loose, 3, set())
     assert not decision.stop and "2 interval(s) still wider than +-2.0%" in decision.reason
-    assert adaptive.decide(s, s.auto, loose, 8, set()).reason == "reached the most rounds (8)"
+    assert adaptive.decide(s, s.auto, loose, 8, set()).reason == (
+        "reached the most rounds (8) with 2 interval(s) wider than +-2.0%")
+    assert adaptive.decide(s, s.auto, tight, 8, set()).reason.startswith("every interval within")
 
 
 def test_configs_this_machine_cannot_run_do_not_hold_the_run_open(tmp_path: Path) -> None:
@@ -51,13 +54,14 @@ def test_configs_this_machine_cannot_run_do_not_hold_the_run_open(tmp_path: Path
     assert s.auto is not None
     ids = {c["precision"]: cid for cid, c, _ in spec.configs(s)}
     only_fp32 = records(s, {"fp32": [10.0, 10.01, 9.99]})
-    assert not adaptive.decide(s, s.auto, only_fp32, 3, set()).stop
-    # bf16 skipped here: the baseline's own interval decides
-    assert adaptive.decide(s, s.auto, only_fp32, 3, {ids["bf16"]}).stop
+    # bf16 skipped here: the baseline's own interval decides, and nothing is left out
+    decision = adaptive.decide(s, s.auto, only_fp32, 3, {ids["bf16"]})
+    assert decision.stop and decision.reason == "every interval within +-2.0% after 3 rounds"
 
 
 @pytest.mark.parametrize(("text", "message"), [("auto:1..5", "2 <= MIN <= MAX"),
                                                  ("auto:9..4", "2 <= MIN <= MAX"),
+                                                 ("auto:2..5", "below the verdict minimum"),
                                                  ("sometimes", "expected an integer, 'auto'")])
 def test_bad_auto_counts_are_refused(tmp_path: Path, text: str, message: str) -> None:
     from multicard.errors import InputError
@@ -72,3 +76,30 @@ def test_the_expected_rounds_follow_the_noise() -> None:
     quiet, noisy = adaptive.expected_rounds(rule, cv=0.02), adaptive.expected_rounds(rule, cv=0.03)
     assert 3 < quiet < noisy <= 20
     assert adaptive.expected_rounds(rule, cv=0.5) == 20
+
+
+def failed(s: spec.Spec, precision: str, trials: int) -> list[dict[str, Any]]:
+    cid = next(c for c, config, _ in spec.configs(s) if config["precision"] == precision)
+    return [{"experiment": s.name, "config_id": cid, "config": {"precision": precision}, "trial": t,
+             "status": "failed", "metrics": {}} for t in range(trials)]
+
+
+def test_a_config_that_keeps_failing_does_not_hold_the_run_open(tmp_path: Path) -> None:
+    s = auto_spec(tmp_path)
+    assert s.auto is not None
+    tight = records(s, {"fp32": [10.0, 10.01, 9.99]}) + failed(s, "bf16", 3)
+    decision = adaptive.decide(s, s.auto, tight, 3, set())
+    assert decision.stop
+    assert decision.reason == ("every interval within +-2.0% after 3 rounds; "
+                               "1 config(s) with no ok trial left out")
+    everything_fails = failed(s, "fp32", 3) + failed(s, "bf16", 3)
+    decision = adaptive.decide(s, s.auto, everything_fails, 3, set())
+    assert decision.stop and decision.reason == "no config has an ok trial after 3 rounds"
+
+
+def test_a_config_whose_baseline_fails_is_judged_by_its_own_mean(tmp_path: Path) -> None:
+    s = auto_spec(tmp_path)
+    assert s.auto is not None
+    widths = adaptive.half_widths(s, records(s, {"bf16": [5.0, 5.005, 4.995]}) + failed(s, "fp32", 3))
+    bf16 = next(c for c, config, _ in spec.configs(s) if config["precision"] == "bf16")
+    assert widths[bf16] < 0.02  # not NaN: its own interval, as the baseline gave nothing

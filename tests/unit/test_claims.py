@@ -127,6 +127,17 @@ def test_range_inconclusive_when_the_point_lies_outside_but_the_interval_reaches
     assert v.verdict == "inconclusive"
 
 
+def test_an_arm_whose_every_attempt_timed_out_is_named_not_dropped() -> None:
+    fp64 = {"precision": "fp64", "gpus": 1}
+    lost = [{"experiment": "table2_precision", "config": fp64, "config_id": "x", "trial": t,
+             "status": "timeout", "metrics": {}, "error": {"type": "Timeout"}} for t in range(5)]
+    rows = trials({"precision": "fp32", "gpus": 1}, "train_time_s", [10.0, 10.05, 9.95, 10.02, 9.98])
+    v = verdict("C1", results("table2_precision", rows, records=lost))
+    assert v.verdict == "inconclusive"
+    assert "gpus=1 (n = 0/5)" in v.why
+    assert v.why.endswith("precision=fp64, gpus=1: 5 of 5 attempts not ok (5 timed out)")
+
+
 def test_failed_and_timed_out_attempts_are_named_in_the_verdict() -> None:
     fp64 = {"precision": "fp64", "gpus": 1}
     lost = [{"experiment": "table2_precision", "config": fp64, "config_id": "x", "trial": t,
@@ -167,6 +178,25 @@ def test_groups_that_decide_both_ways_are_mixed_and_named() -> None:
     assert v.verdict == "mixed"
     assert v.why == ("2 comparison(s): 1 supported (method=lora, dataset=gec), "
                      "1 contradicted (method=dpo, dataset=gec)")
+
+
+def test_a_contradicted_group_beside_a_merely_consistent_one_is_mixed() -> None:
+    assert claims._across(["contradicted", claims.CONSISTENT]) == "mixed"
+    assert claims._across([claims.CONSISTENT, "supported"]) == claims.CONSISTENT
+    assert claims._across(["supported", "inconclusive"]) == "inconclusive"
+    assert claims._across(["supported", "invalid"]) == "invalid"
+    assert claims._across([]) == "not run"
+
+
+def test_two_runs_of_one_group_count_once_with_the_better_evidence() -> None:
+    paper = llm({("lora", 1): ONE, ("lora", 4): [1.2, 1.21, 1.19, 1.205, 1.195]})
+    traced = results("table4_llm_methods", [
+        *trials({"method": "lora", "dataset": "gec", "gpus": 1}, "step_time_median_s", ONE[:3]),
+        *trials({"method": "lora", "dataset": "gec", "gpus": 4}, "step_time_median_s",
+                [0.8, 0.81, 0.79])], profile="traced")  # 3 trials a side: a weaker group
+    both = {"table4_llm_methods": paper["table4_llm_methods"] + traced["table4_llm_methods"]}
+    v = verdict("C13", both)
+    assert v.verdict == "supported" and [e.n for e in v.evidence] == [(5, 5)]
 
 
 def test_a_group_too_wide_to_decide_makes_the_claim_inconclusive_not_mixed() -> None:
@@ -236,6 +266,24 @@ def test_outcome(torch_attempt: tuple[str, str | None], dali_status: str, expect
     assert verdict("C11", data).verdict == expected
 
 
+def test_an_outcome_names_how_the_attempts_ended() -> None:
+    attempts = [record(TORCH_500, "oom") for _ in range(4)] + [record(TORCH_500, "ok")]
+    v = verdict("C11", results("figure6_loaders", [], records=[*attempts, record(DALI_500, "ok")]))
+    assert v.verdict == "contradicted"  # the DataLoader ran once: it does not "fail to run"
+    assert "loader=torch, image_size=500, gpus=2: of 5 attempts 4 out of memory, 1 ok" in v.why
+    broken = verdict("C11", results("figure6_loaders", [], records=[
+        record(TORCH_500, "failed", error="ModuleNotFoundError"), record(DALI_500, "ok")]))
+    assert broken.verdict == "invalid" and "1 failed (ModuleNotFoundError)" in broken.why
+
+
+@pytest.mark.parametrize(("error", "expected"), [("RankKilled", "supported"),
+                                                 ("RankSignalled", "invalid")])
+def test_only_a_sigkilled_rank_is_a_resource_failure(error: str, expected: str) -> None:
+    data = results("figure6_loaders", [], records=[record(TORCH_500, "failed", error=error),
+                                                   record(DALI_500, "ok")])
+    assert verdict("C11", data).verdict == expected
+
+
 # --- shrinks -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("pinned_4", "expected"), [
@@ -292,9 +340,9 @@ def test_dominates_without_traced_trials_is_not_run() -> None:
 
 def numa_rows(torch_local: list[float]) -> list[dict[str, Any]]:
     rows = []
-    for (loader, policy), values in {("torch", "none"): [10.0, 10.2, 9.8],
-                                     ("dali", "none"): [8.0, 8.1, 7.9],
-                                     ("dali", "local"): [8.0, 8.1, 7.9],
+    for (loader, policy), values in {("torch", "none"): [10.0, 10.2, 9.8, 10.1, 9.9],
+                                     ("dali", "none"): [8.0, 8.1, 7.9, 8.05, 7.95],
+                                     ("dali", "local"): [8.0, 8.1, 7.9, 8.05, 7.95],
                                      ("torch", "local"): torch_local}.items():
         for gpus in (3, 4):
             rows += trials({"loader": loader, "layout": "nchw", "numa_policy": policy,
@@ -305,12 +353,18 @@ def numa_rows(torch_local: list[float]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(("torch_local", "expected"), [
-    ([8.0, 8.1, 7.9], "supported"), ([10.1, 9.9, 10.0], "contradicted"),
-    ([9.0, 9.1, 8.9], "inconclusive")])
+    ([8.0, 8.1, 7.9, 8.05, 7.95], "supported"), ([10.1, 9.9, 10.0, 10.05, 9.95], "contradicted"),
+    ([9.0, 9.1, 8.9, 9.05, 8.95], "inconclusive")])
 def test_numa_part_follows_the_numa_test(torch_local: list[float], expected: str) -> None:
     numa_claim = BY_ID["C10"].parts[1]
     v = claims.judge(numa_claim, results("numa_binding", numa_rows(torch_local)))
     assert v.verdict == expected
+
+
+def test_the_numa_part_needs_the_minimum_of_trials_too() -> None:
+    v = claims.judge(BY_ID["C10"].parts[1], results("numa_binding", numa_rows([8.0, 8.1, 7.9])))
+    assert v.verdict == "inconclusive"
+    assert "torch/local at 3 GPUs: n = 3 < 5" in v.why
 
 
 # --- all, not run --------------------------------------------------------------------------------

@@ -210,3 +210,38 @@ def test_evidence_text_shows_ratios_percentages_statuses_and_how_many_more() -> 
         "gpus=1: 60% [58.8, 61.2] (n 5/5); gpus=2: 1.23x [1.1, 1.4] (n 5/4); "
         "{'loader': 'torch'}: oom (3 attempts) (+1 more)")
     assert report.evidence_text(()) == "–"
+
+
+def test_runs_on_one_machine_show_its_environment_and_topology_once(tmp_path: Path) -> None:
+    env = {"host": "node1", "cpu": {"model": "EPYC 9334", "logical_cpus": 128},
+           "topology": {"nodes": [{"node": 0, "cpus": [0, 1], "memory_mb": 1000}], "gpus": [],
+                        "links": {}}, "gpus": [], "torch": {"version": "2.6"}, "git": {"sha": "abc"}}
+    first = gpu_run(tmp_path / "a", "table2_precision", {("fp64", 1): [16.0, 16.1, 15.9]},
+                    "train_time_s")
+    second = gpu_run(tmp_path / "b", "table5_llm_pin_memory", {(False, 1): [1.0, 1.01, 0.99]},
+                     "step_time_median_s")
+    for run in (first, second):
+        (run / "env.json").write_text(json.dumps(env))
+    report.write_report([first, second], tmp_path / "out")
+    text = (tmp_path / "out" / "REPORT.md").read_text()
+    section = text.split("## Environment")[1].split("## Claims")[0]
+    [row] = [line for line in section.splitlines() if "| node1 " in line]
+    assert f"`{first}`, `{second}`" in row  # one row for the machine, naming both runs
+    assert section.count("Topology of") == 1
+
+
+def test_unstable_configs_are_warned_in_the_table_the_report_and_the_console(tmp_path: Path) -> None:
+    run = gpu_run(tmp_path / "run", "table2_precision",
+                  {("fp64", 1): [20.0, 16.0, 16.1, 15.9, 16.05],  # the first trial is slow
+                   ("fp32", 1): [10.0, 13.0, 8.5, 10.0, 11.5]},   # wide and with a slow trial
+                  "train_time_s")
+    printed: list[str] = []
+    report.write_report([run], run, echo=printed.append)
+    table = rows((run / "tables" / "table2_precision.md").read_text())
+    assert table[("fp64", "1")][-1].startswith("slowest trial 1.25x") is False  # 20/16.05 = 1.246
+    assert "first trial 25% slower than the rest" in table[("fp64", "1")][-1]
+    assert "unstable: IQR/median 15% > 10 %" in table[("fp32", "1")][-1]
+    assert "slowest trial 1.30x the median" in table[("fp32", "1")][-1]
+    text = (run / "REPORT.md").read_text()
+    assert "Warnings (train time (s)):" in text and "- precision=fp32 gpus=1: unstable" in text
+    assert any(p.startswith("warning: table2_precision: precision=fp64 gpus=1: first trial") for p in printed)

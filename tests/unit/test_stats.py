@@ -62,11 +62,13 @@ def test_outliers_are_counted_by_modified_z_score() -> None:
 
 
 def test_outliers_are_found_when_most_values_are_equal() -> None:
-    # MAD 0; mean absolute deviation 4: 30 has 0.7979 * 20 / 4 = 3.99 > 3.5
+    # MAD 0: the spread is 0.1 % of the median, so z = |x - median| / (0.001 * median)
+    assert stats.count_outliers([10.0, 10.0, 10.0, 1000.0]) == 1  # any n, a far value is one
     assert stats.count_outliers([10.0, 10.0, 10.0, 10.0, 30.0]) == 1
-    # mean absolute deviation 0.25: 11 has 0.7979 * 1 / 0.25 = 3.19, not an outlier
-    assert stats.count_outliers([10.0, 10.0, 10.0, 11.0]) == 0
+    assert stats.count_outliers([10.0, 10.0, 10.0, 10.0, 10.001]) == 0  # 0.01 %: noise
+    assert stats.count_outliers([10.0, 10.0, 10.0, 10.1]) == 1  # 1 % from an exact majority
     assert stats.count_outliers([5.0, 5.0, 5.0]) == 0
+    assert stats.count_outliers([0.0, 0.0, 0.0, 0.5]) == 0  # no scale at all: nothing to say
 
 
 def test_ratio_of_means_with_welchs_interval_on_log_times() -> None:
@@ -83,8 +85,17 @@ def test_ratio_of_means_with_welchs_interval_on_log_times() -> None:
     half = sps.t.ppf(0.975, df) * math.sqrt(vb + vo)
     centre = sum(lb) / 3 - sum(lo) / 3
     assert (r.ci_lo, r.ci_hi) == pytest.approx((math.exp(centre - half), math.exp(centre + half)))
-    assert r.boot_lo < r.value < r.boot_hi  # the bootstrap cross-check, seeded
+    assert r.boot_lo < r.value < r.boot_hi  # the bootstrap cross-check
     assert stats.ratio_of_means(base, other) == r
+
+
+def test_the_bootstrap_cross_check_is_seeded() -> None:
+    # five values a side: enough resamples differ that the seed shows in the interval
+    base = np.array([10.0, 12.0, 11.0, 10.5, 11.7])
+    other = np.array([5.0, 6.0, 5.5, 5.2, 5.9])
+    first = stats.bootstrap_interval(base, other, seed=0, resamples=2000)
+    assert stats.bootstrap_interval(base, other, seed=0, resamples=2000) == first
+    assert stats.bootstrap_interval(base, other, seed=1, resamples=2000) != first
 
 
 def test_a_sample_with_zeros_uses_fiellers_interval() -> None:
@@ -130,6 +141,35 @@ def test_the_ratio_interval_covers_95_percent_and_rarely_supports_no_effect(n: i
     coverage, false_support = simulate(n, 1.0, 10_000, 0.05, seed=100 + n, interval=ratio_interval)
     assert 0.93 <= coverage <= 0.97
     assert false_support <= 0.03  # a `direction` claim "supported" with no true effect
+
+
+@pytest.mark.parametrize(("n_base", "n_other", "sigma_base", "sigma_other"),
+                         [(3, 5, 0.03, 0.08), (5, 3, 0.08, 0.03), (10, 4, 0.05, 0.1)])
+def test_coverage_holds_with_unequal_noise_and_trial_counts(n_base: int, n_other: int,
+                                                            sigma_base: float,
+                                                            sigma_other: float) -> None:
+    rng = np.random.default_rng(n_base * 100 + n_other)
+    covered = 0
+    runs = 6000
+    for _ in range(runs):
+        base = np.exp(rng.normal(math.log(1.5), sigma_base, n_base))
+        other = np.exp(rng.normal(0.0, sigma_other, n_other))
+        r = stats.ratio_of_means(base, other, cross_check=False)
+        covered += r.ci_lo <= 1.5 <= r.ci_hi  # the ratio of medians, the geometric ratio
+    assert 0.93 <= covered / runs <= 0.975
+
+
+@pytest.mark.parametrize("n", [3, 5, 10])
+def test_fiellers_interval_covers_a_ratio_of_normal_means(n: int) -> None:
+    # the interval used where a sample holds zeros (trace counters), on normal data
+    rng = np.random.default_rng(30 + n)
+    covered = 0
+    runs = 4000
+    for _ in range(runs):
+        base, other = rng.normal(2.0, 0.3, n), rng.normal(1.0, 0.1, n)
+        lo, hi = stats.fieller_interval(base, other)
+        covered += lo <= 2.0 <= hi
+    assert 0.93 <= covered / runs <= 0.975
 
 
 def test_the_bootstrap_cross_check_covers_far_too_little_at_three_trials() -> None:
