@@ -10,6 +10,8 @@ FROM ${BASE_IMAGE}${BASE_DIGEST}
 ARG BASE_IMAGE
 ARG BASE_DIGEST
 ARG MULTICARD_GIT_SHA=unknown
+# what requirements/check_image.py expects of the base (containers/standin/ has the stand-in's)
+ARG EXPECTED_VERSIONS=requirements/image.toml
 LABEL org.opencontainers.image.title="multicard" \
       org.opencontainers.image.description="Reproducibility artifact for arXiv 2505.22905: repeated, verifiable re-runs of its experiments" \
       org.opencontainers.image.licenses="Apache-2.0" \
@@ -22,6 +24,7 @@ ENV MULTICARD_IN_CONTAINER=1 \
     MULTICARD_GIT_SHA="${MULTICARD_GIT_SHA}" \
     MULTICARD_DATA_DIR=/opt/multicard/data \
     MULTICARD_CLAIMS=/opt/multicard/experiments/claims.toml \
+    MULTICARD_CACHE_DIR=/opt/multicard/artifact/cache \
     PYTHONNOUSERSITE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -43,11 +46,12 @@ COPY experiments/ experiments/
 COPY data/mnist/ data/mnist/
 COPY benchmarks/ benchmarks/
 RUN python -m pip install --no-deps --no-build-isolation . \
- && python requirements/check_image.py \
+ && python requirements/check_image.py "${EXPECTED_VERSIONS}" \
  && python -m multicard data verify
 
-# A non-root user owns what runs write: artifact/ (mount a host folder there) and data/ (prepared
-# Scenario B trees, LLM assets).
+# A non-root user owns what runs write: artifact/ (mount a host folder there), which also holds
+# what multicard prepares from the shipped data (artifact/cache: Scenario B trees, LLM assets), so
+# the image runs with a read-only root.
 RUN useradd --create-home --shell /bin/bash --uid 1001 --user-group multicard \
  && mkdir -p artifact/runs \
  && chown -R 1001:1001 artifact data

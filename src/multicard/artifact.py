@@ -30,7 +30,8 @@ PACKAGES = ("multicard", "torch", "torchvision", "numpy", "nvidia-dali-cuda120",
             "nvidia-dali-cuda130", "torchtune", "torchao", "nvidia-ml-py", "pandas", "scipy")
 ENV_VARS = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
             "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "MULTICARD_IN_CONTAINER",
-            "MULTICARD_IMAGE", "MULTICARD_IMAGE_DIGEST", "NVIDIA_PYTORCH_VERSION", "DALI_VERSION",
+            "MULTICARD_IMAGE", "MULTICARD_IMAGE_DIGEST", "MULTICARD_BASE_NOTE", "MULTICARD_NO_LLM",
+            "NVIDIA_PYTORCH_VERSION", "DALI_VERSION",
             "NSIGHT_SYSTEMS_VERSION", "CUDA_VERSION", "SLURM_JOB_ID", "SLURM_NODELIST")
 _SUM_LINE = re.compile(r"^(\\?)([0-9a-f]{64}) [ *](.+)$")
 
@@ -217,7 +218,9 @@ def capture_env(data_dir: Path | None = None) -> dict[str, Any]:
         "git": _git(),
         "container": {"in_container": os.environ.get("MULTICARD_IN_CONTAINER") == "1",
                       "image": os.environ.get("MULTICARD_IMAGE"),
-                      "image_digest": os.environ.get("MULTICARD_IMAGE_DIGEST")},
+                      "image_digest": os.environ.get("MULTICARD_IMAGE_DIGEST"),
+                      # a base that is not NGC (the stand-in) says so here
+                      "base_note": os.environ.get("MULTICARD_BASE_NOTE")},
         "env": {k: os.environ[k] for k in ENV_VARS if k in os.environ},
         "storage": _storage(data_dir) if data_dir else None,
     }

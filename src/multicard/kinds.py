@@ -63,6 +63,12 @@ def this_machine(gpus: list[devices.GpuIdentity]) -> Machine:
                    os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
+# An image that cannot run a workload says why in MULTICARD_NO_<WORKLOAD> (the paper-exact image:
+# torch 2.2.2 is older than torchtune needs); a run of that workload is refused with the reason.
+def refused_here(workload: str) -> str | None:
+    return os.environ.get(f"MULTICARD_NO_{workload.upper()}") or None
+
+
 @dataclass(frozen=True)
 class Kind:
     prepare: Callable[[Spec, Path, Callable[[str], None]], dict[str, Any]]

@@ -95,6 +95,8 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
     """
     if any(int(s["nnodes"]) > 1 for _, _, s in specmod.configs(spec)) and not rdzv_endpoint:
         raise InputError(f"{spec.path}: nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+    if why := kinds.refused_here(spec.workload):
+        raise InputError(f"{spec.path}: {why}")
     # everything that can refuse the run does so before a file is written
     spec = dataclasses.replace(spec, trials=trials or spec.trials,
                                trace=resolve_trace(spec, trace or spec.trace, echo))

@@ -171,6 +171,8 @@ def load(path: str | Path, profile: str = "paper", settings: Mapping[str, Any] |
             profile == "paper" or profile in doc.get("profiles", {})):
         overlay = doc.setdefault("profiles", {}).setdefault(profile, {})
         overlay["fixed"] = {**overlay.get("fixed", {}), **settings}  # leaves the grid, like a profile
+        if isinstance(overlay.get("grid"), dict):  # the profile's own grid too: --set always fixes
+            overlay["grid"] = {k: v for k, v in overlay["grid"].items() if k not in settings}
     chosen = from_document(doc, path, profile)
     check_every_profile(doc, path, profile)
     return chosen

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import re
 import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from types import ModuleType
 
+import pytest
 from packaging.requirements import Requirement
 
 from tests.helpers import ROOT
@@ -24,6 +28,14 @@ IGNORED = {"DL3008": "apt package versions follow the pinned base image's Ubuntu
 # Pins that differ between the dev venv and the image on purpose
 DIFFERENT = {"torchao": "torchao is tied to one torch: 0.11.0 with the dev torch 2.14, "
                         "0.9.0 with the image's torch 2.6"}
+
+
+def load_tool_from(path: Path) -> ModuleType:
+    loader = importlib.util.spec_from_file_location(path.stem, path)
+    assert loader is not None and loader.loader is not None
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module
 
 
 def def_section(name: str) -> str:
@@ -56,7 +68,11 @@ def test_spython_parses_the_definition() -> None:
 
 def test_one_base_image_everywhere() -> None:
     assert re.search(r"^ARG BASE_IMAGE=(\S+)$", DOCKERFILE, re.M).group(1) == IMAGE["base_image"]  # type: ignore[union-attr]
-    assert def_section("arguments").split("=", 1)[1].strip() == IMAGE["base_image"]
+    arguments = dict(line.strip().split("=", 1) for line in def_section("arguments").splitlines()
+                     if line.strip())
+    assert arguments["BASE_IMAGE"] == IMAGE["base_image"]
+    assert arguments["EXPECTED_VERSIONS"] == "requirements/image.toml"
+    assert re.search(r"^ARG EXPECTED_VERSIONS=requirements/image.toml$", DOCKERFILE, re.M)
     assert re.search(r"^FROM \$\{BASE_IMAGE\}\$\{BASE_DIGEST\}$", DOCKERFILE, re.M)
     assert re.search(r"^From: \{\{ BASE_IMAGE \}\}$", DEF, re.M)
     assert IMAGE["base_image"] in LOCK.splitlines()[0]
@@ -113,3 +129,231 @@ def test_slurm_templates() -> None:
     multinode = (ROOT / "slurm" / "multinode.sbatch").read_text()
     assert "srun" in multinode and '--nnodes "$SLURM_NNODES"' in multinode
     assert '--rdzv-endpoint "$head:$port"' in multinode
+
+
+# --- what a build puts into the images (containers/context.py) --------------------------------
+
+def load_tool(name: str) -> ModuleType:
+    sys.path.insert(0, str(ROOT / "containers"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "containers"))
+
+
+context = load_tool("context")
+apptainer_def = load_tool("apptainer_def")
+check_image = load_tool_from(ROOT / "requirements" / "check_image.py")
+PAPER_EXACT = (ROOT / "containers" / "paper-exact" / "Dockerfile").read_text()
+PAPER_EXACT_NEEDS = ("pyproject.toml", "README.md", "noxfile.py", "src/multicard", "experiments",
+                     "data/mnist", "benchmarks", "requirements/check_image.py",
+                     "requirements/paper-exact.toml", "requirements/paper-exact.txt", "requirements/uv.txt")
+
+
+def test_the_build_context_holds_everything_each_image_needs() -> None:
+    assert context.missing(ROOT, context.dockerfile_sources(DOCKERFILE)) == []
+    assert context.missing(ROOT, context.definition_sources(DEF)) == []
+    assert context.missing(ROOT, context.dockerfile_sources(PAPER_EXACT), PAPER_EXACT_NEEDS) == []
+    assert "src/multicard/hooks/pin_memory/sitecustomize.py" in context.context_files(ROOT)
+    assert not any(name.startswith(("tests/", ".git/", "artifact/runs/"))
+                   for name in context.context_files(ROOT))
+
+
+def test_a_needed_file_left_out_or_not_copied_is_named(tmp_path: Path) -> None:
+    for name in ("pyproject.toml", "src/multicard/__init__.py", "data/mnist/train.gz",
+                 "experiments/a.toml"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    needs = ("pyproject.toml", "src/multicard", "data/mnist", "experiments")
+    copies = ["pyproject.toml", "src", "data/mnist", "experiments"]
+    (tmp_path / ".dockerignore").write_text("**/__pycache__\n")
+    assert context.missing(tmp_path, copies, needs) == []
+    (tmp_path / ".dockerignore").write_text("data/mnist/*.gz\n")
+    assert context.missing(tmp_path, copies, needs) == [
+        "data/mnist: copied, but not in the build context",
+        "data/mnist/train.gz: needed by the image, but .dockerignore leaves it out"]
+    (tmp_path / ".dockerignore").write_text("")
+    assert context.missing(tmp_path, copies[:-1], needs) == [
+        "experiments/a.toml: needed by the image, but nothing copies it"]
+    assert context.missing(tmp_path, copies, (*needs, "benchmarks")) == [
+        "benchmarks: needed by the image, but not in the repository"]
+
+
+def test_dockerignore_matching_follows_docker() -> None:
+    patterns = ["**/__pycache__", "*.egg-info", "artifact/runs", "tests"]
+    assert context.ignored("src/multicard/__pycache__/x.pyc", patterns)
+    assert context.ignored("artifact/runs/a/b.json", patterns)
+    assert context.ignored("tests/unit/test_x.py", patterns)
+    assert not context.ignored("artifact/README.md", patterns)
+    # as in Docker, a pattern without ** matches from the root only
+    assert context.ignored("multicard.egg-info/PKG-INFO", patterns)
+    assert not context.ignored("src/multicard.egg-info/PKG-INFO", patterns)
+    assert not context.ignored("src/tests_helper.py", patterns)
+
+
+# --- apptainer.def read as Apptainer builds it (containers/apptainer_def.py) -----------------
+
+def test_the_definition_is_read_section_by_section_with_its_template_filled() -> None:
+    read = apptainer_def.read(ROOT / "apptainer.def", {"BASE_IMAGE": "localhost/base:1"})
+    assert read.base == "localhost/base:1"  # a build argument wins over %arguments
+    assert ("data/mnist", "/opt/multicard/data/mnist") in read.files
+    assert "{{" not in read.post + read.environment + read.test
+    # one script: the `cd` holds for the lines after it, and quotes stay as written
+    post = read.post.splitlines()
+    assert post.index("cd /opt/multicard") < post.index(
+        "python -m pip install --no-cache-dir --no-deps --no-build-isolation .")
+    assert "python requirements/check_image.py requirements/image.toml" in post  # %arguments default
+    assert 'export MULTICARD_IMAGE="multicard:0.1.0 on localhost/base:1"' in read.environment
+    assert 'export MULTICARD_CACHE_DIR="$work/cache"' in read.test
+    assert read.runscript == 'cd /opt/multicard\nexec nox "$@"\n'
+    assert ("org.opencontainers.image.title", "multicard") in read.labels
+
+
+def test_the_built_context_runs_post_once_and_keeps_environment_for_run_time(tmp_path: Path) -> None:
+    read = apptainer_def.read(ROOT / "apptainer.def", {"BASE_IMAGE": "localhost/base:1"})
+    containerfile = apptainer_def.write_context(read, ROOT, tmp_path / "ctx")
+    lines = containerfile.read_text().splitlines()
+    assert lines[0] == "FROM localhost/base:1"
+    copies = [line for line in lines if line.startswith("COPY files/")]
+    assert len(copies) == len(read.files)
+    runs = [line for line in lines if line.startswith("RUN")]
+    assert runs == ["RUN /bin/sh -ex /.singularity.d/post.sh && rm /.singularity.d/post.sh"]
+    assert lines.index("WORKDIR /") < lines.index(runs[0])  # Apptainer runs %post in /
+    env = (tmp_path / "ctx" / "singularity.d" / "env" / "90-environment.sh").read_text()
+    assert env == read.environment
+    test = tmp_path / "ctx" / "singularity.d" / "test"
+    assert test.read_text() == "#!/bin/sh\n" + read.test and test.stat().st_mode & 0o111
+    assert (tmp_path / "ctx" / "files" / "0" / "container.txt").exists()  # requirements/
+    command = apptainer_def.run_command("test")
+    assert command[:2] == ["/bin/sh", "-c"]
+    assert command[2] == ('for f in /.singularity.d/env/*.sh; do . "$f"; done; '
+                          'exec /.singularity.d/test "$@"')
+
+
+def test_a_template_without_a_value_or_a_missing_file_is_refused(tmp_path: Path) -> None:
+    definition = tmp_path / "x.def"
+    definition.write_text("Bootstrap: docker\nFrom: {{ BASE }}\n\n%files\n    nothere /opt/x\n"
+                          "    same.txt  # a comment\n")
+    with pytest.raises(apptainer_def.DefinitionError, match="no value for BASE"):
+        apptainer_def.read(definition, {})
+    read = apptainer_def.read(definition, {"BASE": "b"})
+    # one path copies to the same path; a trailing comment is no destination
+    assert read.files == [("nothere", "/opt/x"), ("same.txt", "same.txt")]
+    with pytest.raises(apptainer_def.DefinitionError, match="nothere does not exist"):
+        apptainer_def.write_context(read, tmp_path, tmp_path / "ctx")
+
+
+# --- the images' own checks ---------------------------------------------------------------------
+
+def test_check_image_takes_the_expected_versions_of_each_base() -> None:
+    standin = tomllib.loads((ROOT / "containers" / "standin" / "versions.toml").read_text())
+    paper = tomllib.loads((ROOT / "requirements" / "paper-exact.toml").read_text())
+    found = {"torchtune": "0.6.1", "torchao": PINS["torchao"], "dali": "2.4.0", "torch": "2.14.1+cu130",
+             "torchvision": "0.29.1+cu130", "python": "3.12.3"}
+    assert check_image.problems(standin, PINS, found) == []
+    assert check_image.problems(IMAGE, PINS, found) == ["DALI 2.4.0, expected 1.43"]
+    assert check_image.problems(standin, PINS, found | {"torchao": "0.11.0"}) == [
+        f"torchao 0.11.0, the lock pins {PINS['torchao']}"]
+    paper_pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)",
+                                 (ROOT / "requirements" / "paper-exact.txt").read_text(), re.M))
+    exact = {"torchtune": "not installed", "torchao": "not installed", "dali": "1.43.0",
+             "torch": "2.2.2+cu121", "torchvision": "0.17.2+cu121", "python": "3.11.18"}
+    assert check_image.problems(paper, paper_pins, exact) == []
+    assert check_image.problems(IMAGE, paper_pins, exact)[-2:] == [
+        "the lock pins torch: it must stay the base image's build", "Python 3.11.18, expected 3.12"]
+
+
+def test_the_paper_exact_image_has_the_papers_versions_and_refuses_llm() -> None:
+    paper_pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)",
+                                 (ROOT / "requirements" / "paper-exact.txt").read_text(), re.M))
+    assert (paper_pins["torch"], paper_pins["torchvision"]) == ("2.2.2", "0.17.2")
+    assert "torchtune" not in paper_pins and paper_pins["numpy"].startswith("1.")
+    assert "nvidia-dali-cuda120==1.43.0" in PAPER_EXACT
+    assert re.search(r"^ARG BASE_IMAGE=nvidia/cuda:12\.4\.\d+-cudnn-runtime-ubuntu22\.04$", PAPER_EXACT, re.M)
+    assert "MULTICARD_NO_LLM=" in PAPER_EXACT and re.search(r"^USER 1001:1001$", PAPER_EXACT, re.M)
+    assert re.search(r"uv pip install .*--require-hashes \\\n\s+-r requirements/paper-exact\.txt",
+                     PAPER_EXACT)
+    assert "uv venv --python" in PAPER_EXACT and "--seed" not in PAPER_EXACT  # no unhashed pip
+    assert "python requirements/check_image.py requirements/paper-exact.toml" in PAPER_EXACT
+    beside = Path(sys.executable).parent / "hadolint"
+    hadolint = str(beside) if beside.exists() else shutil.which("hadolint")
+    assert hadolint
+    result = subprocess.run([hadolint, str(ROOT / "containers" / "paper-exact" / "Dockerfile")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_check_image_names_a_locked_package_whose_requirements_the_base_does_not_meet(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a lock resolved over the base's numpy 1.26 with a package that needs numpy 2 (as scipy
+    # 1.18 does) fails the build instead of failing at the first `import scipy.stats`
+    info = tmp_path / "needsnew-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: needsnew\nVersion: 1.0\n"
+                                   "Requires-Dist: numpy>=99\nRequires-Dist: pytest; extra == \"dev\"\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import numpy
+
+    assert check_image.unmet({"needsnew": "1.0"}) == [
+        f"needsnew 1.0 needs numpy>=99, the image has numpy {numpy.__version__}"]
+    assert check_image.unmet({"absent-package": "1.0"}) == ["absent-package 1.0 is locked but not installed"]
+    assert check_image.unmet({"pytest": "9.2.0"}) == []
+
+
+# --- nox -s container's own logic (containers/podman_build.py) --------------------------------
+
+podman_build = load_tool("podman_build")
+
+
+def test_the_locked_down_run_has_no_network_a_read_only_root_and_uid_1001(tmp_path: Path) -> None:
+    flags = podman_build.run_flags(tmp_path)
+    for pair in (["--network", "none"], ["--user", "1001:1001"], ["--runtime", podman_build.RUNTIME],
+                 ["-v", f"{tmp_path}:/opt/multicard/artifact:U"]):
+        at = flags.index(pair[0])
+        assert flags[at:at + 2] == pair
+    assert "--read-only" in flags and flags[:3] == ["podman", "run", "--rm"]
+
+
+def test_a_smoke_run_missing_an_experiment_or_its_checksums_is_incomplete(tmp_path: Path) -> None:
+    names = podman_build.smoke_experiments()
+    assert {"table2_precision", "table4_llm_methods", "table5_llm_pin_memory"} <= set(names)
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "trials.jsonl").write_text("")
+    assert podman_build.smoke_gaps(tmp_path, names) == ["SHA256SUMS: missing"]
+    (tmp_path / "SHA256SUMS").write_text("")
+    (tmp_path / "table4_llm_methods" / "trials.jsonl").unlink()
+    assert podman_build.smoke_gaps(tmp_path, names) == ["table4_llm_methods: no trials.jsonl"]
+
+
+def test_the_session_names_what_the_machine_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(podman_build.shutil, "which", lambda tool: None if tool == "mmdebstrap" else tool)
+    monkeypatch.setattr(podman_build.os, "geteuid", lambda: 1000)
+    lines: list[str] = []
+    assert podman_build.main([], echo=lines.append) == 2
+    assert lines == ["container: this machine lacks mmdebstrap (apt-get install mmdebstrap), "
+                     "root (podman as root: rootless podman is not supported here)"]
+
+
+def test_the_stand_in_is_remade_when_its_recipe_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = podman_build.standin_recipe()
+    monkeypatch.setattr(podman_build, "ROOTFS_PACKAGES", (*podman_build.ROOTFS_PACKAGES, "vim"))
+    assert podman_build.standin_recipe() != before
+
+
+def test_check_image_imports_what_only_fails_on_import(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "breaks_on_import.py").write_text('raise ImportError("needs NumPy 2.0 or newer")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert check_image.failed_imports(("json", "breaks_on_import")) == [
+        "import breaks_on_import: ImportError: needs NumPy 2.0 or newer"]
+
+
+def test_every_hashed_lock_is_checked_by_nox_locks() -> None:
+    check_locks = load_tool_from(ROOT / "requirements" / "check_locks.py")
+    hashed = {str(path.relative_to(ROOT)) for folder in ("requirements", "containers")
+              for path in (ROOT / folder).rglob("*.txt") if "--hash=sha256:" in path.read_text()}
+    assert hashed == set(check_locks.LOCKS)
+    tags = check_locks.manylinux(35)
+    assert tags[0] == "manylinux_2_35_x86_64" and "manylinux_2_17_x86_64" in tags
+    assert "manylinux_2_36_x86_64" not in tags and tags[-1] == "linux_x86_64"

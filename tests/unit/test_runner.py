@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from multicard import runner
+import pytest
+
+from multicard import kinds, runner
 from multicard.spec import PlannedTrial
 
 RESULT = {"metrics": {"train_time_s": 1.0}}
@@ -204,3 +206,19 @@ def test_a_cause_the_rank_named_itself_wins_over_the_stderr_order(tmp_path: Path
     assert error["stderr_tail"] == tail
     (tmp_path / "failure-rank0.json").write_text("{torn")
     assert runner.rank_failure(tmp_path) is None  # unreadable: the stderr rules apply
+
+
+def test_an_image_that_cannot_run_a_workload_refuses_its_runs_with_the_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from multicard import spec
+    from multicard.errors import InputError
+    from tests.helpers import EXPERIMENTS
+
+    why = "the paper-exact image has torch 2.2.2 and no torchtune"
+    monkeypatch.setenv("MULTICARD_NO_LLM", why)
+    llm = spec.load(EXPERIMENTS / "table4_llm_methods.toml", "smoke")
+    with pytest.raises(InputError, match=why):
+        runner.run(llm, tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+    monkeypatch.delenv("MULTICARD_NO_LLM")
+    assert kinds.refused_here("llm") is None and kinds.refused_here("vision") is None

@@ -149,3 +149,11 @@ def test_baseline_config_and_references_match() -> None:
     fp16_2 = [r for r in s.references if r.applies_to({"precision": "fp16", "gpus": 2})]
     assert {k for r in fp16_2 for k in r.values} == {"gain_pct", "speedup_x", "test_accuracy"}
     assert fp16_2[0].values["gain_pct"] == (110.0, 152.0)
+
+
+def test_set_fixes_a_factor_of_the_profiles_own_grid_too() -> None:
+    # table2's smoke profile has its own grid (gpus = [1, 2]): --set gpus=1 must leave only 1
+    fixed = spec.load(EXPERIMENTS / "table2_precision.toml", "smoke", {"gpus": 1})
+    assert {p.params["gpus"] for p in spec.plan(fixed)} == {1}
+    whole = spec.load(EXPERIMENTS / "table2_precision.toml", "smoke")
+    assert len(spec.plan(fixed)) == len(spec.plan(whole)) // 2

@@ -58,3 +58,10 @@ def test_read_idx_refuses_a_file_that_is_not_idx(tmp_path: Path) -> None:
     bogus.write_bytes(gzip.compress(b"\x00\x00\x09\x99" + b"\x00" * 8))
     with pytest.raises(InputError, match="not an IDX file"):
         mnist.read_idx(bogus)
+
+
+def test_prepared_data_goes_to_the_cache_dir_when_an_image_names_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert mnist.derived_root(tmp_path / "data") == tmp_path / "data"
+    monkeypatch.setenv("MULTICARD_CACHE_DIR", str(tmp_path / "cache"))  # a read-only image's bind
+    assert mnist.derived_root(tmp_path / "data") == tmp_path / "cache"
