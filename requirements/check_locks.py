@@ -1,7 +1,8 @@
 """Every hashed lock of the images resolves for the platform it is for: `nox -s locks`.
 
-Each pinned file is downloaded (`pip download --no-deps --require-hashes --only-binary :all:`) for
-the image's Python and glibc, so pip checks its SHA256 against the lock; this works where the
+For every pin, the file pip would install on the image's Python and glibc is downloaded (`pip
+download --no-deps --require-hashes --only-binary :all:`), so pip checks its SHA256 against the
+lock (the lock's other hashes, for other platforms, are not fetched); this works where the
 images' bases cannot be pulled. Downloads are kept under .nox/locks/ (pip re-checks the hash of a
 file it finds there). What no lock can pin is named: the paper-exact image's DALI 1.43.0, whose
 wheel is only on NVIDIA's own index (PyPI has a stub that downloads it at install time).

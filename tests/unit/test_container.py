@@ -314,16 +314,20 @@ def test_the_locked_down_run_has_no_network_a_read_only_root_and_uid_1001(tmp_pa
     assert "--read-only" in flags and flags[:3] == ["podman", "run", "--rm"]
 
 
-def test_a_smoke_run_missing_an_experiment_or_its_checksums_is_incomplete(tmp_path: Path) -> None:
+def test_a_smoke_run_without_an_ok_trial_per_experiment_or_its_checksums_is_incomplete(
+        tmp_path: Path) -> None:
     names = podman_build.smoke_experiments()
     assert {"table2_precision", "table4_llm_methods", "table5_llm_pin_memory"} <= set(names)
+    ok, failed = '{"status": "ok"}\n', '{"status": "failed"}\n{"status": "skipped"}\n'
     for name in names:
         (tmp_path / name).mkdir()
-        (tmp_path / name / "trials.jsonl").write_text("")
+        (tmp_path / name / "trials.jsonl").write_text(failed + ok)
     assert podman_build.smoke_gaps(tmp_path, names) == ["SHA256SUMS: missing"]
     (tmp_path / "SHA256SUMS").write_text("")
-    (tmp_path / "table4_llm_methods" / "trials.jsonl").unlink()
-    assert podman_build.smoke_gaps(tmp_path, names) == ["table4_llm_methods: no trials.jsonl"]
+    (tmp_path / "table4_llm_methods" / "trials.jsonl").write_text(failed)  # every trial failed
+    (tmp_path / "table5_llm_pin_memory" / "trials.jsonl").unlink()
+    assert podman_build.smoke_gaps(tmp_path, names) == [
+        "table4_llm_methods: no ok trial", "table5_llm_pin_memory: no records"]
 
 
 def test_the_session_names_what_the_machine_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
