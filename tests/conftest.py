@@ -3,17 +3,17 @@ test puts it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
 
 import pytest
 
 
-@pytest.fixture(autouse=True)
-def _own_cache_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def pytest_configure(config: pytest.Config) -> None:
     # the images set MULTICARD_CACHE_DIR for their runs; a test that names its data folder
-    # (MULTICARD_DATA_DIR, --data-dir) expects what is prepared from it there, not in a shared cache
-    monkeypatch.delenv("MULTICARD_CACHE_DIR", raising=False)
-    yield
+    # (MULTICARD_DATA_DIR, --data-dir) expects what is prepared from it there, not in a cache the
+    # smoke run filled. Dropped before any fixture, module-scoped ones included; a test that wants
+    # it sets it itself.
+    os.environ.pop("MULTICARD_CACHE_DIR", None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
