@@ -28,7 +28,6 @@ from pathlib import Path
 from spython.main.parse.parsers import SingularityParser
 
 SINGULARITY_D = "/.singularity.d"
-ENVIRONMENT_FILE = f"{SINGULARITY_D}/env/90-environment.sh"
 _TEMPLATE = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 

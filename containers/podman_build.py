@@ -90,10 +90,6 @@ def missing_tools() -> list[str]:
                       if os.geteuid() != 0 else [])
 
 
-def image_exists(tag: str) -> bool:
-    return subprocess.run(["podman", "image", "exists", tag], check=False).returncode == 0
-
-
 def inspect(tag: str, template: str) -> str | None:
     done = subprocess.run(["podman", "image", "inspect", "--format", template, tag], check=False,
                           capture_output=True, text=True)
@@ -148,6 +144,8 @@ def remove_replaced(log: Log) -> None:
     """The images rebuilds replaced (a stand-in is several GB), the last built first: an older
     image is refused while an image built on it is still there."""
     for image in reversed(log.replaced):
+        if inspect(image, "{{.Id}}") is None:  # podman drops an untagged parent with its child
+            continue
         done = subprocess.run(["podman", "rmi", image], check=False, capture_output=True, text=True)
         if done.returncode != 0:
             log.echo(f"container: kept replaced image {image[:12]} ({done.stderr.strip()[-160:]})")
