@@ -17,6 +17,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +33,13 @@ ENV_VARS = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "TORCH_ALLOW_TF32_CUBLAS_
             "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "MULTICARD_IN_CONTAINER",
             "MULTICARD_IMAGE", "MULTICARD_IMAGE_DIGEST", "MULTICARD_BASE_NOTE", "MULTICARD_NO_LLM",
             "NVIDIA_PYTORCH_VERSION", "DALI_VERSION",
-            "NSIGHT_SYSTEMS_VERSION", "CUDA_VERSION", "SLURM_JOB_ID", "SLURM_NODELIST")
+            "NSIGHT_SYSTEMS_VERSION", "CUDA_VERSION", "SLURM_JOB_ID", "SLURM_NODELIST",
+            # how NCCL reaches the other nodes
+            "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_NET", "GLOO_SOCKET_IFNAME",
+            # the Slurm allocation: nodes, GPUs per node, CPUs per task
+            "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE", "SLURM_GPUS_PER_NODE",
+            "SLURM_GPUS_ON_NODE", "SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE", "SLURM_MEM_PER_NODE",
+            "SRUN_CPUS_PER_TASK")
 _SUM_LINE = re.compile(r"^(\\?)([0-9a-f]{64}) [ *](.+)$")
 
 
@@ -118,12 +125,30 @@ def _unescape(name: str) -> str:
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `path` whole or not at all: a full disk or a kill mid-write leaves the old file (or
     none), never an empty or half-written one."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def umask() -> int:
+    """This process's umask, read without changing it (/proc, Linux >= 4.7)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        status = Path("/proc/self/status").read_text().splitlines()
+        return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    return 0o022
+
+
+def write_bytes_atomic(path: Path, data: bytes, durable: bool = True) -> None:
+    """`path` whole or not at all, through a temporary name of its own: writers on several
+    nodes (or processes) never share, or delete, each other's partial file. `durable`: on disk
+    before it takes the name (fsync), which a record needs and a re-creatable image does not."""
+    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())  # on disk before it takes the name
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        tmp.chmod(0o666 & ~umask())  # what open() would have made, not mkstemp's 0600
         tmp.replace(path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -19,11 +19,16 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from multicard.errors import InputError
 
 if TYPE_CHECKING:  # the commands import what they need when they run: `multicard --help` stays fast
+    from multicard.runner import Nodes
     from multicard.spec import PlannedTrial, Spec
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error on one line (exit 2) instead of usage + message."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error on one line (exit 2) instead of usage + message, and
+    takes no abbreviations (`--node-rank` must not be read as `--node-rank-env`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "allow_abbrev": False})
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -88,19 +93,15 @@ def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool) -> tuple[floa
 def cmd_run(args: argparse.Namespace) -> int:
     from multicard import runner, spec
 
-    if args.nnodes and args.nnodes > 1 and args.out is None:
-        raise InputError("run: --nnodes > 1 needs --out (the same directory on every node)")
     if args.rdzv_endpoint is not None:
         rendezvous_endpoint(args.rdzv_endpoint)
     overrides = dict(args.set) | ({"nnodes": args.nnodes} if args.nnodes else {})
     s = spec.with_trials(spec.load(args.spec, args.profile, overrides), args.trials)
     nnodes = max(int(settings["nnodes"]) for _, _, settings in spec.configs(s))
-    node_rank = _node_rank(args.node_rank, nnodes)
     out = args.out or Path("artifact/runs") / (
         f"{s.name}-{s.profile}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}")
     _check_out(out)
-    outcome = runner.run(s, out, trace=args.trace, rdzv_endpoint=args.rdzv_endpoint,
-                         node_rank=node_rank)
+    outcome = runner.run(s, out, trace=args.trace, nodes=_nodes(args, nnodes) if nnodes > 1 else None)
     print(f"next: multicard report {outcome.out}")
     return 0
 
@@ -115,18 +116,16 @@ def rendezvous_endpoint(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _node_rank(given: int | None, nnodes: int) -> int:
-    """This node's rank: --node-rank, else $SLURM_NODEID on several nodes, else 0."""
-    if given is None:
-        if nnodes == 1:
-            return 0  # one node per trial: whatever node of an allocation this is
-        text = os.environ.get("SLURM_NODEID", "0")
-        if not re.fullmatch(r"[0-9]{1,4}", text):
-            raise InputError(f"SLURM_NODEID: expected a node index, got {text!r}")
-        given = int(text)
-    if not 0 <= given < nnodes:
-        raise InputError(f"--node-rank: expected 0 <= rank < nnodes ({nnodes}), got {given}")
-    return given
+def _nodes(args: argparse.Namespace, nnodes: int) -> Nodes:
+    """How trials across nodes are launched; bad input when something is missing."""
+    from multicard import cluster, runner
+
+    if args.rdzv_endpoint is None:
+        raise InputError("run: nnodes > 1 needs --rdzv-endpoint HOST:PORT (the first node's host "
+                         "and a free port below 32768, outside the ephemeral range)")
+    launcher = cluster.make_launcher(args.launcher, args.node_rank_env, args.step_wrapper, nnodes,
+                                     os.environ)
+    return runner.Nodes(launcher, args.rdzv_endpoint)
 
 
 def _check_out(out: Path) -> None:
@@ -288,8 +287,8 @@ def _print_verify(directory: Path, result: Any, sums_name: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="multicard", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="multicard", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     def add(name: str, func: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -305,12 +304,20 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_args(p)
     p.add_argument("--out", type=Path, help="run directory (default artifact/runs/<name>-<profile>-<UTC>)")
     p.add_argument("--nnodes", type=_bounded_int(1, 4096),
-                   help="nodes per trial (run the same command on each)")
+                   help="nodes per trial: each trial is one launcher step over them; this "
+                        "command runs once (on the first node)")
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
-                   help="torchrun c10d rendezvous for --nnodes > 1 (e.g. the first node:29500)")
-    p.add_argument("--node-rank", type=_bounded_int(0, 4095),
-                   help="this node's index; node 0 records into --out (default: $SLURM_NODEID "
-                        "on several nodes, else 0)")
+                   help="where the nodes of a trial meet, for --nnodes > 1: the first node and "
+                        "a port below 32768 (e.g. node1:29500)")
+    p.add_argument("--launcher", default="srun",
+                   help="what starts a trial's part on every node (default srun: one task per "
+                        "node); another command needs --node-rank-env")
+    p.add_argument("--node-rank-env", metavar="VAR",
+                   help="the variable in which the launcher tells each node its index "
+                        "(default for srun: SLURM_NODEID)")
+    p.add_argument("--step-wrapper", metavar="WORDS",
+                   help="words between the launcher and each node's part, e.g. "
+                        "'apptainer exec --nv multicard.sif'")
 
     p = add("report", cmd_report, "tables, figures, REPORT.md and SHA256SUMS for run directories")
     p.add_argument("dirs", type=Path, nargs="+", metavar="DIR")
@@ -333,14 +340,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", type=Path, nargs="*", metavar="FILE")
 
     p = add("trace", lambda a: a.trace_func(a), "profiling traces")
-    trace_sub = p.add_subparsers(dest="trace_command", required=True, parser_class=_Parser)
+    trace_sub = p.add_subparsers(dest="trace_command", required=True, parser_class=OneLineParser)
     t = trace_sub.add_parser("summarize", help="the paper's Nsight metrics of nsys SQLite exports "
                              "or Kineto JSON traces, as JSON keyed by file")
     t.add_argument("files", type=Path, nargs="+", metavar="FILE")
     t.set_defaults(trace_func=cmd_trace_summarize)
 
     p = add("data", lambda a: a.data_func(a), "datasets")
-    data_sub = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    data_sub = p.add_subparsers(dest="data_command", required=True, parser_class=OneLineParser)
     v = data_sub.add_parser("verify", help="check a prepared tree against its manifest, or (no "
                             "DIR) the MNIST files against their SHA-256")
     v.add_argument("dir", type=Path, nargs="?", metavar="DIR", help="a prepared Scenario B tree")

@@ -5,7 +5,8 @@
 - `unrunnable`: why this machine (`Machine`: its GPUs as a trial's CUDA will see them, its NUMA
   topology, its tools) cannot run a config (the trial is recorded as skipped).
 - `command`: the trial's argv and the environment it adds.
-- `before`: just before the launch, outside the trial's clock (page cache state).
+- `page_cache`: the page-cache state a trial wants for its files, (mode, tree), set on every
+  node just before the launch, outside the trial's clock; None for none.
 - `result`: the trial's result dict ({"metrics": ...}) from its directory, or None.
 
 Nothing here imports torch; the rank entry points (multicard.workloads.*) do.
@@ -25,7 +26,7 @@ from typing import Any
 from multicard import artifact, devices, launch, numa
 from multicard import spec as specmod
 from multicard.data import llm as llm_assets
-from multicard.data import mnist, page_cache, scenario_b
+from multicard.data import mnist, scenario_b
 from multicard.errors import InputError
 from multicard.params import Value
 from multicard.profiling import nsys
@@ -41,8 +42,7 @@ class TrialLaunch:
     """How one trial is started: its trace mode and, across nodes, its rendezvous."""
 
     trace: str = "none"
-    rdzv_endpoint: str | None = None  # HOST:PORT of torchrun's c10d rendezvous (several nodes)
-    rdzv_id: str = "multicard"  # the same on every node for the same trial
+    rdzv: launch.Rendezvous | None = None  # where the nodes meet (several nodes per trial)
 
 
 HOOKS = Path(__file__).resolve().parent / "hooks"
@@ -74,7 +74,7 @@ class Kind:
     prepare: Callable[[Spec, Path, Callable[[str], None]], dict[str, Any]]
     unrunnable: Callable[[Settings, str, Machine], Reason]
     command: Callable[[Settings, Path, Path, TrialLaunch], tuple[list[str], dict[str, str]]]
-    before: Callable[[Settings, Path], None]
+    page_cache: Callable[[Settings, Path], tuple[str, Path] | None]
     result: Callable[[Path, Settings], dict[str, Any] | None]
     sample_memory: bool  # the runner samples the trial's RSS and GPU memory (LLM: the recipe cannot)
 
@@ -146,14 +146,14 @@ def vision_command(settings: Settings, trial_dir: Path, data_dir: Path,
                    how: TrialLaunch) -> tuple[list[str], dict[str, str]]:
     profiler = nsys.wrapper(nsys.find_nsys() or "nsys", trial_dir) if how.trace == "nsys" else []
     wrapper = launch.rank_wrapper(str(settings["numa_policy"]), str(settings["device"]), profiler)
-    return launch.vision_argv(settings, trial_dir, data_dir, how.trace, wrapper,
-                              how.rdzv_endpoint, how.rdzv_id), {}
+    return launch.vision_argv(settings, trial_dir, data_dir, how.trace, wrapper, how.rdzv), {}
 
 
-def vision_before(settings: Settings, data_dir: Path) -> None:
-    if settings["scenario"] == "b":
-        tree = scenario_b.tree_path(data_dir, int(settings["image_size"]), str(settings["data_format"]))
-        page_cache.apply(str(settings["page_cache"]), tree)
+def vision_page_cache(settings: Settings, data_dir: Path) -> tuple[str, Path] | None:
+    if settings["scenario"] != "b":
+        return None
+    tree = scenario_b.tree_path(data_dir, int(settings["image_size"]), str(settings["data_format"]))
+    return str(settings["page_cache"]), tree
 
 
 # --- llm -------------------------------------------------------------------------------------
@@ -212,8 +212,7 @@ def llm_unrunnable(settings: Settings, trace: str, machine: Machine) -> Reason:
 
 def llm_command(settings: Settings, trial_dir: Path, data_dir: Path,
                 how: TrialLaunch) -> tuple[list[str], dict[str, str]]:
-    argv = llm.argv(settings, trial_dir, llm_assets_for(settings, data_dir), how.trace,
-                    how.rdzv_endpoint, how.rdzv_id)
+    argv = llm.argv(settings, trial_dir, llm_assets_for(settings, data_dir), how.trace, how.rdzv)
     if not settings["pin_memory"]:
         return argv, {}
     hook = str(HOOKS / "pin_memory")
@@ -229,7 +228,7 @@ def llm_result(trial_dir: Path, settings: Settings) -> dict[str, Any] | None:
 
 
 KINDS: dict[str, Kind] = {
-    "vision": Kind(vision_prepare, vision_unrunnable, vision_command, vision_before, read_result,
+    "vision": Kind(vision_prepare, vision_unrunnable, vision_command, vision_page_cache, read_result,
                    sample_memory=False),
     "llm": Kind(llm_prepare, llm_unrunnable, llm_command, lambda settings, data_dir: None,
                 llm_result, sample_memory=True),

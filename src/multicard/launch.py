@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import multicard
@@ -21,6 +22,7 @@ from multicard import params
 from multicard.params import Value
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 # TF32 is set explicitly per precision. TORCH_ALLOW_TF32_CUBLAS_OVERRIDE (NGC images) forces it
 # on for cuBLAS whatever the flags say; NVIDIA_TF32_OVERRIDE=0 forces it off in the libraries
 # themselves, silently turning the tf32 arm into fp32. Both are cleared, and what the caller's
@@ -35,42 +37,80 @@ def torchrun_argv(
     module_args: Sequence[str],
     nproc_per_node: int,
     nnodes: int = 1,
-    rdzv_endpoint: str | None = None,
-    rdzv_id: str = "multicard",
+    rdzv: Rendezvous | None = None,
     wrapper: Sequence[str] = (),
 ) -> list[str]:
     """`python -m torch.distributed.run ... -m module args`.
 
-    One node uses `--standalone` (a private rendezvous on a free port). Several nodes use the c10d
-    rendezvous at `rdzv_endpoint`; every node runs the same command. A `wrapper` (nsys) is put in
-    front of every rank with `--no-python`, so each rank gets its own wrapped process.
+    One node uses `--standalone` (a private rendezvous on a free port). Several nodes use
+    `rendezvous_flags` (static ranks: the node rank is filled in on each node). A `wrapper`
+    (nsys) is put in front of every rank with `--no-python`, so each rank gets its own process.
     """
     argv = [sys.executable, "-m", "torch.distributed.run"]
-    if nnodes == 1 and rdzv_endpoint is None:
+    if nnodes == 1:
         argv.append("--standalone")
     else:
-        if rdzv_endpoint is None:
-            raise ValueError("several nodes need a rendezvous endpoint HOST:PORT")
-        argv += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
-                 f"--rdzv-id={rdzv_id}"]
+        if rdzv is None:
+            raise ValueError("several nodes need a rendezvous (HOST:PORT and an id)")
+        argv += rendezvous_flags(nnodes, rdzv, "-")
     argv.append(f"--nproc-per-node={nproc_per_node}")
     if wrapper:
         return [*argv, "--no-python", *wrapper, sys.executable, "-m", module, *module_args]
     return [*argv, "-m", module, *module_args]
 
 
-def trial_env(base: Mapping[str, str], ranks_per_node: int, cpu_count: int) -> dict[str, str]:
+# Where each node's step puts its own node rank into the argv (multicard.node_step fills it).
+NODE_RANK_SLOT = "{node_rank}"
+# How long the first node waits for the last (and the others for the first): a node warming a
+# page cache or starting 90 s late must not fail the trial; a node that never comes still does.
+RDZV_TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the nodes of one trial meet: HOST:PORT on the first node and an id that names the
+    run, the trial and the attempt (the agents' keys in the store live under it; the ranks'
+    own keys do not, which is why no rank may outlive its step: node_step)."""
+
+    endpoint: str
+    run_id: str
+    timeout_s: int = RDZV_TIMEOUT_S
+
+
+def rendezvous_flags(nnodes: int, rdzv: Rendezvous, sep: str) -> list[str]:
+    """torchrun's flags for a static rendezvous (`sep` "-" for torchrun, "_" for `tune run`).
+
+    Static, not c10d: c10d numbers the nodes by the order their agents sort in (host name, pid),
+    so global rank 0, where torchtune writes its logs, could be on any node. Static ranks make
+    the node with SLURM_NODEID 0, which hosts the store at the endpoint, rank 0."""
+    return [f"--nnodes={nnodes}", f"--node{sep}rank={NODE_RANK_SLOT}", f"--rdzv{sep}backend=static",
+            f"--rdzv{sep}endpoint={rdzv.endpoint}", f"--rdzv{sep}id={rdzv.run_id}",
+            f"--rdzv{sep}conf=timeout={rdzv.timeout_s}", f"--max{sep}restarts=0"]
+
+
+def allocated_cpus() -> int:
+    """The CPUs this process may run on: Slurm's cgroup, `taskset` and a container's cpuset
+    narrow it, where os.cpu_count() still counts the whole node."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def trial_env(base: Mapping[str, str], ranks_per_node: int, cpu_count: int | None) -> dict[str, str]:
     """The environment of a trial: the caller's, minus DROPPED_ENV, plus what makes it reproducible.
 
     OMP_NUM_THREADS: torchrun would default it to 1; we share the node's cores between the local
     ranks instead (a CPU rank with one thread would leave cores idle). A value set by the user wins.
+    `cpu_count` None leaves it to each node's step (its own allocation, see multicard.node_step).
     """
     env = {k: v for k, v in base.items() if k not in DROPPED_ENV}
     env["PYTHONUNBUFFERED"] = "1"
     # CUDA's default order is "fastest first"; PCI order makes CUDA index i the GPU that NVML,
     # nvidia-smi and the NUMA topology call i.
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count // ranks_per_node)))
+    if cpu_count is not None:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count // ranks_per_node)))
     # The rank processes must import this same copy of the package (a source checkout included).
     package_root = str(Path(multicard.__file__).resolve().parents[1])
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -95,6 +135,14 @@ def set_parent_death_signal(parent_pid: int, sig: int = signal.SIGKILL) -> None:
     libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os.kill(os.getpid(), sig)
+
+
+def become_subreaper() -> bool:
+    """Make this process inherit its descendants' orphans (Linux >= 3.4), so that it can end
+    every process of what it started, the ones whose parent died included."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 def find_agent(ancestors: Sequence[tuple[int, list[str]]]) -> int | None:
@@ -149,7 +197,12 @@ def die_with_agent() -> str:
     exits, so it is armed only when torchrun's agent is the direct parent. With a wrapper in
     between (nsys forks the rank from a helper thread that may exit at any time; numactl execs
     and so does not count) a thread waits on a pidfd of the agent instead."""
-    agent = find_agent(ancestors(os.getpid()))
+    chain = ancestors(os.getpid())
+    agent = find_agent(chain)
+    if agent is None and os.environ.get("TORCHELASTIC_RUN_ID") and orphaned(chain):
+        # torchrun started this rank and died before it got here (a node's part killed while
+        # spawning): an orphan would wait at the store's port and join the next trial there
+        os.kill(os.getpid(), signal.SIGKILL)
     if agent is None:  # started some other way: the direct parent is all we know
         set_parent_death_signal(os.getppid())
         return "pdeathsig (parent; no torchrun agent among the ancestors)"
@@ -164,6 +217,12 @@ def die_with_agent() -> str:
         handle = None
     threading.Thread(target=_kill_self_when_gone, args=(agent, handle), daemon=True).start()
     return "agent watcher"
+
+
+def orphaned(chain: Sequence[tuple[int, list[str]]]) -> bool:
+    """Re-parented: to init (pid 1 ends the chain, so it is empty) or to a node step, which
+    adopts the orphans of what it started."""
+    return not chain or _program(chain[0][1]) == "multicard.node_step"
 
 
 def _kill_self_when_gone(pid: int, handle: int | None) -> None:
@@ -183,11 +242,10 @@ def rank_wrapper(numa_policy: str, device: str, inner: Sequence[str] = ()) -> li
 
 
 def vision_argv(settings: Mapping[str, Value], trial_dir: Path, data_dir: Path, trace: str,
-                wrapper: Sequence[str] = (), rdzv_endpoint: str | None = None,
-                rdzv_id: str = "multicard") -> list[str]:
+                wrapper: Sequence[str] = (), rdzv: Rendezvous | None = None) -> list[str]:
     """torchrun over `multicard.workloads.vision` with every setting as a flag."""
     module_args = ["--out", str(trial_dir), "--data-dir", str(data_dir), "--trace", trace,
                    *params.to_flags(settings)]
     return torchrun_argv("multicard.workloads.vision", module_args,
                          nproc_per_node=int(settings["gpus"]), nnodes=int(settings["nnodes"]),
-                         rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, wrapper=wrapper)
+                         rdzv=rdzv, wrapper=wrapper)

@@ -4,6 +4,10 @@ A trial is one fresh launch (torchrun + its ranks) in a new session, so a timeou
 whole group and trials stay independent samples. Results are appended to DIR/trials.jsonl as they
 finish; running again on the same DIR does only the trials that have no ok record yet. A trial
 that fails, times out or runs out of memory becomes a record with its cause; the sweep goes on.
+
+A trial across several nodes is still one process of this runner: one launcher step (srun) that
+starts every node's part (multicard.cluster); this runner, on one host, is the only one that
+plans and writes records.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,9 +31,9 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from multicard import adaptive, artifact, cost, devices, kinds, launch, store, telemetry
+from multicard import adaptive, artifact, cluster, cost, devices, kinds, launch, store, telemetry
 from multicard import spec as specmod
-from multicard.data import mnist
+from multicard.data import mnist, page_cache
 from multicard.errors import InputError
 from multicard.profiling import nsys, parse
 from multicard.spec import PlannedTrial, Spec
@@ -84,25 +88,32 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+@dataclass(frozen=True)
+class Nodes:
+    """How the trials with nnodes > 1 reach their nodes: the launcher step and where the nodes'
+    torchrun processes meet (HOST:PORT on the first node, the same for every trial)."""
+
+    launcher: cluster.Launcher
+    rdzv_endpoint: str
+
+
 def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], None] = print,
-        data_dir: Path | None = None, trace: str | None = None, rdzv_endpoint: str | None = None,
-        node_rank: int = 0) -> RunOutcome:
+        data_dir: Path | None = None, trace: str | None = None,
+        nodes: Nodes | None = None) -> RunOutcome:
     """Run (or resume) `spec` into `out`; `trace` overrides the spec's `[trials].trace`.
 
-    Across several nodes (`nnodes` > 1) the same command runs on every node with the same
-    `rdzv_endpoint`: each trial's torchrun processes meet there (c10d rendezvous, one id per
-    trial). Node 0 records into `out`; node R > 0 keeps its own records in `out/nodes/node<R>`.
+    A trial with nnodes > 1 is one step of `nodes.launcher` (one part per node, multicard.cluster);
+    this process alone plans, and alone writes `out`'s records.
     """
-    if any(int(s["nnodes"]) > 1 for _, _, s in specmod.configs(spec)) and not rdzv_endpoint:
-        raise InputError(f"{spec.path}: nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+    if any(int(s["nnodes"]) > 1 for _, _, s in specmod.configs(spec)) and nodes is None:
+        raise InputError(f"{spec.path}: nnodes > 1 needs --rdzv-endpoint HOST:PORT (on the first "
+                         "node) and a launcher (srun by default)")
     if why := kinds.refused_here(spec.workload):
         raise InputError(f"{spec.path}: {why}")
     # everything that can refuse the run does so before a file is written
     spec = dataclasses.replace(spec, trials=trials or spec.trials,
                                trace=resolve_trace(spec, trace or spec.trace, echo))
     _check_devices(spec, specmod.plan(spec))
-    if node_rank:
-        out = out / "nodes" / f"node{node_rank}"
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -117,7 +128,7 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
         with stop_on_signals():
             _prepare(spec, out, data_dir)
             _prepare_inputs(spec, out, data_dir, echo)
-            return _run_pending(spec, out, data_dir, echo, rdzv_endpoint)
+            return _run_pending(spec, out, data_dir, echo, nodes)
     except Interrupted as stop:
         stop.out = out
         raise
@@ -161,15 +172,43 @@ def _prepare(spec: Spec, out: Path, data_dir: Path) -> None:
     artifact.write_text_atomic(env_file, json.dumps(artifact.capture_env(data_dir), indent=1))
 
 
+PREPARE_LOCK = ".prepare.lock"
+
+
 def _prepare_inputs(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], None]) -> None:
-    """The workload's inputs exist and check out before any trial; datasets.json says which."""
-    used = kinds.KINDS[spec.workload].prepare(spec, data_dir, echo)
+    """The workload's inputs exist and check out before any trial; datasets.json says which.
+
+    Prepared by this runner alone, before any trial starts on any node, and under a lock in the
+    shared cache: two runs (two jobs) sharing it prepare each input once; the second waits, then
+    verifies what the first wrote."""
+    with _prepare_lock(mnist.derived_root(data_dir), echo):
+        used = kinds.KINDS[spec.workload].prepare(spec, data_dir, echo)
     if used:
         artifact.write_text_atomic(out / "datasets.json", json.dumps(used, indent=1))
 
 
+@contextlib.contextmanager
+def _prepare_lock(cache: Path, echo: Callable[[str], None]) -> Iterator[None]:
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(cache / PREPARE_LOCK))
+        lock.acquire(timeout=0)
+    except Timeout:
+        echo(f"waiting for another run preparing inputs in {cache}")
+        lock.acquire()
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        yield  # a read-only cache: nothing can be prepared into it, only checked
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], None],
-                 rdzv_endpoint: str | None = None) -> RunOutcome:
+                 nodes: Nodes | None = None) -> RunOutcome:
     trials_file = out / store.TRIALS_FILE
     records = store.read(trials_file)
     done = store.finished(records)
@@ -193,7 +232,7 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
             record = skipped_record(spec, planned_trial, *reason)
         else:
             try:
-                record = run_trial(spec, planned_trial, out, data_dir, rdzv_endpoint)
+                record = run_trial(spec, planned_trial, out, data_dir, nodes)
             except Interrupted as stop:
                 if stop.record:  # the attempt in flight: ended, and recorded as interrupted
                     append_record(trials_file, stop.record)
@@ -324,31 +363,55 @@ def _trial_dir(out: Path, planned: PlannedTrial) -> tuple[Path, int]:
     return path, attempt
 
 
+def trial_command(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path, trial_dir: Path,
+                  attempt: int, settings: dict[str, Any], nodes: Nodes | None
+                  ) -> tuple[list[str], dict[str, str]]:
+    """The trial's argv and environment: torchrun on this node, or the launcher step that starts
+    it on every node (each node's part makes its own environment from the pairs it is given)."""
+    kind = kinds.KINDS[spec.workload]
+    nnodes, gpus = int(settings["nnodes"]), int(settings["gpus"])
+    if nnodes == 1:
+        argv, extra_env = kind.command(settings, trial_dir, data_dir, kinds.TrialLaunch(planned.trace))
+        return argv, launch.trial_env({**os.environ, **extra_env}, gpus, launch.allocated_cpus())
+    assert nodes is not None  # run() refuses nnodes > 1 without them
+    trial_key = f"{planned.config_id}-t{planned.trial}-{planned.trace}"
+    rdzv = launch.Rendezvous(nodes.rdzv_endpoint,
+                             cluster.rendezvous_id(out, spec.name, trial_key, attempt))
+    argv, extra_env = kind.command(settings, trial_dir, data_dir, kinds.TrialLaunch(planned.trace, rdzv))
+    step = cluster.step_argv(nodes.launcher, nnodes, trial_dir, gpus, extra_env, argv,
+                             kind.page_cache(settings, data_dir))
+    return step, launch.trial_env(os.environ, gpus, None)
+
+
 def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
-              rdzv_endpoint: str | None = None) -> dict[str, Any]:
+              nodes: Nodes | None = None) -> dict[str, Any]:
     """Launch one trial, wait for it (with the spec's timeout) and return its record."""
     trial_dir, attempt = _trial_dir(out, planned)
     settings = dict(planned.params)
     settings["seed"] = int(settings["seed"]) + planned.trial  # independent samples, reproducible
     kind = kinds.KINDS[spec.workload]
-    how = kinds.TrialLaunch(planned.trace, rdzv_endpoint,
-                            f"{planned.config_id}-t{planned.trial}-{planned.trace}")
-    argv, extra_env = kind.command(settings, trial_dir, data_dir, how)
-    env = launch.trial_env({**os.environ, **extra_env}, int(settings["gpus"]), os.cpu_count() or 1)
+    argv, env = trial_command(spec, planned, out, data_dir, trial_dir, attempt, settings, nodes)
     changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
     dropped = [k for k in os.environ if k not in env]
     cleared = launch.cleared_env(os.environ)  # TF32 overrides: their values, for the record
     artifact.write_text_atomic(trial_dir / "launch.json", json.dumps(
         {"argv": argv, "env_set": changed, "env_dropped": dropped, "cleared_env": cleared,
          "cwd": str(Path.cwd())}, indent=1))
-    kind.before(settings, data_dir)  # outside the trial's clock
+    cache = kind.page_cache(settings, data_dir)
+    if cache and int(settings["nnodes"]) == 1:  # across nodes, each node's part sets its own
+        page_cache.apply(*cache)  # outside the trial's clock
     started, started_unix = utc_now(), time.time()
     t0 = time.monotonic()
+    # across nodes the ranks are no children of this process (slurmstepd starts them)
+    one_node = int(settings["nnodes"]) == 1
     trial_gpus = telemetry.visible_gpus()[:int(settings["gpus"])] \
-        if settings["device"] == "cuda" else []
+        if settings["device"] == "cuda" and one_node else []
     try:
         returncode, timed_out, sampled, not_sampled = _execute(
-            argv, env, trial_dir, spec.timeout_s, kind.sample_memory, trial_gpus)
+            argv, env, trial_dir, spec.timeout_s, kind.sample_memory and one_node, trial_gpus)
+        if kind.sample_memory and not one_node:
+            not_sampled = dict.fromkeys(telemetry.SAMPLED_METRICS, "not sampled on a multi-node "
+                                        "trial: its ranks are no children of the runner")
     except Interrupted as stop:
         stop.record = interrupted_record(spec, planned, attempt, settings, started, started_unix,
                                          time.monotonic() - t0, stop.signum, trial_dir, out)
@@ -363,10 +426,14 @@ def _finished_record(spec: Spec, planned: PlannedTrial, out: Path, trial_dir: Pa
                      settings: dict[str, Any], kind: kinds.Kind, started: str, started_unix: float,
                      wall: float, returncode: int | None, timed_out: bool,
                      sampled: dict[str, Any], not_sampled: dict[str, str]) -> dict[str, Any]:
-    stderr_text = _tail(trial_dir / "stderr.log")
+    nnodes = int(settings["nnodes"])
+    reports = cluster.node_reports(trial_dir, nnodes) if nnodes > 1 else []
+    stderr_text = trial_stderr(trial_dir, reports)
     result = kind.result(trial_dir, settings)
     status, error = classify(returncode, timed_out, stderr_text, result, spec.timeout_s,
-                             rank_failure(trial_dir))
+                             rank_failure(trial_dir) or cluster.lost_nodes(reports))
+    if error and error["type"] == "ExitCode" and reports:  # which node's torchrun said so
+        error["message"] += f" ({cluster.failed_nodes(reports)})"
     traces = collect_traces(trial_dir, out) if planned.trace != "none" else {}
     return {
         "schema": store.SCHEMA,
@@ -394,7 +461,26 @@ def _finished_record(spec: Spec, planned: PlannedTrial, out: Path, trial_dir: Pa
         "error": error,
         "artifacts": sorted(p.relative_to(out).as_posix() for p in trial_dir.rglob("*") if p.is_file()),
         "returncode": returncode,
+        **({"nodes": [summarize_node(r) for r in reports]} if reports else {}),
     }
+
+
+def summarize_node(report: dict[str, Any]) -> dict[str, Any]:
+    """A node's part as the record keeps it (its full node.json stays in the trial directory)."""
+    return {k: report[k] for k in ("node", "host", "started", "returncode", "wall_s", "cpus_allowed")
+            if k in report}
+
+
+def trial_stderr(trial_dir: Path, reports: list[dict[str, Any]]) -> str:
+    """The stderr tail a failure is classified by: the trial's own, and across nodes the tail of
+    the node that names the cause first (a failed one) after the launcher's lines."""
+    own = _tail(trial_dir / "stderr.log")
+    if not reports:
+        return own
+    first = cluster.stderr_order(reports)[0]
+    node = _tail(cluster.node_dir(trial_dir, first) / "stderr.log")
+    quarter = STDERR_TAIL_CHARS // 4
+    return own[-quarter:] + node[-(STDERR_TAIL_CHARS - quarter):]
 
 
 # Where traces land in a trial directory: nsys's SQLite export per rank, multicard's own Kineto

@@ -115,6 +115,10 @@ def rank_device_bytes(gpu: devices.GpuIdentity) -> tuple[int | None, str | None]
         pynvml.nvmlShutdown()
 
 
+# what TrialMemorySampler measures from outside a trial
+SAMPLED_METRICS = ("peak_process_mem_bytes", "peak_device_mem_bytes")
+
+
 class TrialMemorySampler:
     """Peak memory of a running trial, sampled from outside every `period_s`.
 

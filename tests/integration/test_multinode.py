@@ -1,12 +1,18 @@
-"""Two "nodes" on 127.0.0.1: two runners, one torchrun each, meeting at a c10d rendezvous."""
+"""Several nodes per trial on one machine: one planner (`multicard run --nnodes 2`) starts every
+trial as one step of a stand-in srun (tests/fixtures/wrappers/fake_srun.py) that runs each
+"node"'s part on 127.0.0.1, real torchrun and gloo ranks included."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +21,9 @@ from tests.helpers import ROOT, TINY_FIXED, write_spec
 
 pytestmark = pytest.mark.slow
 
+FAKE_SRUN = ROOT / "tests" / "fixtures" / "wrappers" / "fake_srun.py"
+ONE_CONFIG = {"fixed": {**TINY_FIXED, "gpus": 1}, "grid": {"precision": ["fp32"]}}
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -22,36 +31,170 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_one_vision_trial_across_two_nodes(tmp_path: Path) -> None:
-    path = write_spec(tmp_path, fixed={**TINY_FIXED, "gpus": 1}, grid={"precision": ["fp32"]})
+def fake_slurm(tmp_path: Path, **scenario: str) -> dict[str, str]:
+    """PATH with `srun` = the stand-in; FAKE_SRUN_<KEY> for what the test wants to happen."""
+    bin_dir, state = tmp_path / "bin", tmp_path / "srun-state"
+    bin_dir.mkdir(exist_ok=True)
+    state.mkdir(exist_ok=True)
+    shim = bin_dir / "srun"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_SRUN}" "$@"\n')
+    shim.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_SRUN_STATE": str(state),
+            "SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2",
+            "OMP_NUM_THREADS": "1",  # two "nodes" share this machine's cores
+            **{f"FAKE_SRUN_{key.upper()}": value for key, value in scenario.items()}}
+
+
+def planner(spec: Path, out: Path, env: dict[str, str], endpoint: str,
+            timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "multicard", "run", str(spec), "--nnodes", "2",
+            "--rdzv-endpoint", endpoint, "--out", str(out)]
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def steps(tmp_path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (tmp_path / "srun-state" / "steps.jsonl").read_text().splitlines()]
+
+
+def node_json(trial_dir: Path, node: int) -> dict[str, Any]:
+    return json.loads((trial_dir / "nodes" / f"node{node}" / "node.json").read_text())
+
+
+def argv_value(argv: list[str], flag: str) -> str:
+    return next(word.split("=", 1)[1] for word in argv if word.startswith(flag + "="))
+
+
+def test_two_consecutive_trials_meet_on_the_same_port(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 2, "timeout_s": 300})
+    out, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
+    done = planner(spec, out, fake_slurm(tmp_path), endpoint)
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = store.read(out / "trials.jsonl")
+    assert [(r["trial"], r["status"]) for r in records] == [(0, "ok"), (1, "ok")], records
+    assert not (out / "nodes").exists()  # one planner, one trials.jsonl
+    first, second = steps(tmp_path)
+    assert first["argv"][:6] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--relative=0",
+                                 "--kill-on-bad-exit=1", "--label"]
+    assert argv_value(first["argv"], "--rdzv-endpoint") == argv_value(second["argv"], "--rdzv-endpoint") \
+        == endpoint
+    assert argv_value(first["argv"], "--rdzv-id") != argv_value(second["argv"], "--rdzv-id")
+    assert second["started"] >= first["ended"]  # the next step starts when every node is done
+    for record in records:
+        assert [n["returncode"] for n in record["nodes"]] == [0, 0]
+        trial_dir = out / "raw" / Path(record["artifacts"][0]).parts[1]
+        result = json.loads((trial_dir / "result.json").read_text())
+        assert result["world_size"] == 2 and [r["node"] for r in result["ranks"]] == [0, 1]
+        assert "--node-rank=1" in node_json(trial_dir, 1)["argv"]
+        # 2 ranks x 3 steps x 8 images x 2 epochs
+        assert record["metrics"]["throughput_samples_s"] * record["metrics"]["train_time_s"] == \
+            pytest.approx(96)
+
+
+def test_a_run_whose_node_1_died_mid_trial_resumes(tmp_path: Path) -> None:
+    # long enough (60 steps per rank) that the node dies in training, not after it
+    longer = {**ONE_CONFIG["fixed"], "epochs": 3, "max_steps": 20, "train_subset": 512}
+    spec = write_spec(tmp_path, fixed=longer, grid=ONE_CONFIG["grid"],
+                      trials={"count": 2, "timeout_s": 300})
+    out, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
+    # step 1 (the second trial): node 1 dies 8 s after its part has started
+    dying = fake_slurm(tmp_path, kill="1:1:8:nodes/node1/node.json")
+    done = planner(spec, out, dying, endpoint)
+    assert done.returncode == 0, done.stdout + done.stderr
+    first = store.read(out / "trials.jsonl")
+    assert [(r["trial"], r["status"]) for r in first] == [(0, "ok"), (1, "failed")]
+    lost = first[1]
+    assert lost["error"]["type"] == "NodeLost" and "1 (" in lost["error"]["message"], lost["error"]
+    assert "returncode" not in lost["nodes"][1] and lost["nodes"][0].get("returncode") != 0
+    assert lost["wall_s"] < 120  # the step ended with the node, no rendezvous waited out
+
+    done = planner(spec, out, fake_slurm(tmp_path), endpoint)  # the job submitted again
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 trials planned, 1 already ok, 1 to run" in done.stdout
+    records = store.read(out / "trials.jsonl")
+    assert [(r["trial"], r["attempt"], r["status"]) for r in records] == \
+        [(0, 0, "ok"), (1, 0, "failed"), (1, 1, "ok")]
+    assert len(store.finished(records)) == 2
+    assert not (out / "nodes").exists()
+
+
+def test_a_node_that_starts_90_s_late_is_waited_for(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 1, "timeout_s": 400})
     out = tmp_path / "run"
-    endpoint = f"127.0.0.1:{free_port()}"
-
-    def node(rank: int) -> subprocess.Popen[str]:
-        argv = [sys.executable, "-m", "multicard", "run", str(path), "--nnodes", "2",
-                "--rdzv-endpoint", endpoint, "--node-rank", str(rank), "--out", str(out)]
-        return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
-
-    nodes = [node(0), node(1)]
-    outputs = [p.communicate(timeout=300)[0] for p in nodes]
-    assert [p.returncode for p in nodes] == [0, 0], outputs
+    done = planner(spec, out, fake_slurm(tmp_path, late="1:90"), f"127.0.0.1:{free_port()}")
+    assert done.returncode == 0, done.stdout + done.stderr
     [record] = store.read(out / "trials.jsonl")
     assert record["status"] == "ok", record["error"]
-    assert record["config_id"] == store.read(out / "nodes" / "node1" / "trials.jsonl")[0]["config_id"]
-    result = json.loads(next(out.glob("raw/*/result.json")).read_text())
-    assert result["world_size"] == 2
-    assert len({r["pid"] for r in result["ranks"]}) == 2
-    launch = json.loads(next(out.glob("raw/*/launch.json")).read_text())
-    assert "--nnodes=2" in launch["argv"] and f"--rdzv-endpoint={endpoint}" in launch["argv"]
-    # 2 ranks x 3 steps x 8 images x 2 epochs
-    assert record["metrics"]["throughput_samples_s"] * record["metrics"]["train_time_s"] == \
-        pytest.approx(96)
+    trial_dir = next((out / "raw").iterdir())
+    late = node_json(trial_dir, 1)["started_unix"] - node_json(trial_dir, 0)["started_unix"]
+    assert late > 88 and record["wall_s"] >= 90  # each part's own start-up adds a little jitter
 
 
-def test_several_nodes_need_an_endpoint_and_a_shared_out(tmp_path: Path) -> None:
+def test_rank_0_is_on_node_0_when_node_1_starts_first(tmp_path: Path) -> None:
+    # c10d would number the nodes by the order their agents sort in (host, then pid on one
+    # host): node 1's agent, started first, would hold rank 0, and with it torchtune's logs.
+    # Static ranks put rank 0 on node 0 whatever the order.
+    spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 1, "timeout_s": 300})
+    out = tmp_path / "run"
+    done = planner(spec, out, fake_slurm(tmp_path, late="0:8"), f"127.0.0.1:{free_port()}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    [record] = store.read(out / "trials.jsonl")
+    assert record["status"] == "ok", record["error"]
+    trial_dir = next((out / "raw").iterdir())
+    assert node_json(trial_dir, 1)["pid"] < node_json(trial_dir, 0)["pid"]
+    result = json.loads((trial_dir / "result.json").read_text())
+    assert [(r["rank"], r["node"]) for r in result["ranks"]] == [(0, 0), (1, 1)]
+
+
+def test_a_planner_told_to_stop_mid_step_records_it_and_leaves_nothing_running(tmp_path: Path) -> None:
+    longer = {**ONE_CONFIG["fixed"], "epochs": 3, "max_steps": 20, "train_subset": 512}
+    spec = write_spec(tmp_path, fixed=longer, grid=ONE_CONFIG["grid"],
+                      trials={"count": 1, "timeout_s": 300})
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "multicard", "run", str(spec), "--nnodes", "2", "--rdzv-endpoint",
+            f"127.0.0.1:{free_port()}", "--out", str(out)]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=fake_slurm(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("raw/*/nodes/node1/node.json")):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    time.sleep(6)  # in training
+    proc.send_signal(signal.SIGTERM)  # scancel, or the template's trap
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, output
+    [record] = store.read(out / "trials.jsonl")
+    assert record["status"] == "interrupted"
+    trial_dir = next((out / "raw").iterdir())
+    time.sleep(1)
+    left = [entry.name for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and str(trial_dir).encode() in _cmdline(entry.name)]
+    assert left == [], [_cmdline(pid) for pid in left]
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_an_llm_trial_across_nodes_on_cpu_is_recorded_as_skipped(tmp_path: Path) -> None:
+    # torchtune 0.6.1's distributed recipes start NCCL: the trial cannot run on CPU, and says so
+    fixed = {"device": "cpu", "model": "tiny", "data": "synthetic", "dtype": "fp32", "seq_len": 64,
+             "max_steps": 3, "warmup_steps": 1, "gpus": 1}
+    spec = write_spec(tmp_path, name="llm2", experiment_workload="llm", fixed=fixed,
+                      grid={"method": ["lora"]}, trials={"count": 1, "timeout_s": 300})
+    out = tmp_path / "run"
+    env = fake_slurm(tmp_path) | {"MULTICARD_CACHE_DIR": str(tmp_path / "cache")}
+    done = planner(spec, out, env, f"127.0.0.1:{free_port()}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    [record] = store.read(out / "trials.jsonl")
+    assert record["status"] == "skipped" and record["error"]["type"] == "NeedsGPUs", record["error"]
+    assert "lora_finetune_distributed" in record["error"]["message"]
+
+
+def test_several_nodes_need_an_endpoint(tmp_path: Path) -> None:
     path = write_spec(tmp_path)
-    for extra in (["--out", str(tmp_path / "o")], []):
-        result = subprocess.run([sys.executable, "-m", "multicard", "run", str(path), "--nnodes", "2",
-                                 *extra], cwd=ROOT, capture_output=True, text=True)
-        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    result = subprocess.run([sys.executable, "-m", "multicard", "run", str(path), "--nnodes", "2",
+                             "--out", str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1

@@ -22,14 +22,23 @@ LONG = {**TINY_FIXED, "epochs": 3, "max_steps": 40, "num_workers": 1}
 
 
 def wait_for_workers(root: int, deadline_s: float = 120) -> set[int]:
-    """The trial's processes once both ranks have a DataLoader worker (6 processes and more)."""
+    """The trial's processes once both ranks have a DataLoader worker (a worker is forked from
+    its rank: four processes of the vision workload). Counting the whole tree would not do: the
+    runner's own helpers (the environment it records) could make up the number before a trial."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         tree = set(telemetry.process_tree(root))
-        if len(tree) >= 6:
+        if sum(b"multicard.workloads.vision" in _cmdline(pid) for pid in tree) >= 4:
             return tree - {root}
         time.sleep(0.2)
     pytest.fail("the trial's ranks and workers never appeared")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def alive(pids: set[int]) -> set[int]:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -124,3 +125,24 @@ def test_hard_links_and_lock_files_with_content_are_not_trusted(tmp_path: Path) 
     result = artifact.verify(root)
     assert result.unsafe == ["tables/t.md (a hard link: 2 names for one file)"]
     assert result.unlisted == ["raw/x.lock"] and not result.ok
+
+
+def test_env_records_the_network_nccl_uses_and_the_slurm_allocation(monkeypatch) -> None:
+    for key, value in {"NCCL_SOCKET_IFNAME": "ib0", "NCCL_IB_HCA": "mlx5_0", "SLURM_JOB_NUM_NODES": "2",
+                       "SLURM_GPUS_PER_NODE": "4", "SLURM_CPUS_PER_TASK": "32"}.items():
+        monkeypatch.setenv(key, value)
+    recorded = artifact.capture_env()["env"]
+    assert (recorded["NCCL_SOCKET_IFNAME"], recorded["NCCL_IB_HCA"]) == ("ib0", "mlx5_0")
+    assert (recorded["SLURM_JOB_NUM_NODES"], recorded["SLURM_GPUS_PER_NODE"],
+            recorded["SLURM_CPUS_PER_TASK"]) == ("2", "4", "32")
+
+
+def test_atomic_writes_keep_the_umask_and_leave_no_temporary_file(tmp_path: Path) -> None:
+    old = os.umask(0o027)
+    try:
+        artifact.write_bytes_atomic(tmp_path / "f", b"x", durable=False)
+        assert artifact.umask() == 0o027
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]

@@ -4,7 +4,9 @@ anything is allocated or launched, and leaves no file behind. Run in-process thr
 from __future__ import annotations
 
 import gzip
+import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 import tomli_w
 
 from multicard import artifact, cli
-from tests.helpers import EXPERIMENTS, TINY_FIXED, tmpfs, write_spec
+from tests.helpers import EXPERIMENTS, ROOT, TINY_FIXED, tmpfs, write_spec
 
 Case = Callable[[Path], list[str]]
 
@@ -83,12 +85,26 @@ CASES: dict[str, tuple[Case, str]] = {
                            "[trials].timeout_s: expected a finite number of seconds > 0"),
     "lr NaN": (lambda t: ["plan", spec_with(t, fixed={**TINY_FIXED, "lr": float("nan")})],
                "[fixed].lr: expected a number >= 0"),
-    "--node-rank negative": (lambda t: ["run", spec_with(t), "--out", str(t / "o"), "--nnodes", "2",
-                                        "--rdzv-endpoint", "h:29500", "--node-rank", "-1"],
-                             "expected an integer from 0 to 4095"),
-    "--node-rank not below --nnodes": (lambda t: ["run", spec_with(t), "--out", str(t / "o"), "--nnodes",
-                                                  "2", "--rdzv-endpoint", "h:29500", "--node-rank", "2"],
-                                       "--node-rank: expected 0 <= rank < nnodes (2), got 2"),
+    "--node-rank (not a flag of run)": (lambda t: ["run", spec_with(t), "--out", str(t / "o"), "--nnodes",
+                                                 "2", "--rdzv-endpoint", "h:29500", "--node-rank", "1"],
+                                      "unrecognized arguments: --node-rank 1"),
+    "several nodes without an endpoint": (lambda t: ["run", spec_with(t), "--out", str(t / "o"),
+                                                     "--nnodes", "2"],
+                                          "nnodes > 1 needs --rdzv-endpoint HOST:PORT"),
+    "a launcher without --node-rank-env": (
+        lambda t: ["run", spec_with(t), "--out", str(t / "o"), "--nnodes", "2", "--rdzv-endpoint",
+                   "h:29500", "--launcher", "true -x"], "give --node-rank-env VAR"),
+    "--node-rank-env not a name": (
+        lambda t: ["run", spec_with(t), "--out", str(t / "o"), "--nnodes", "2", "--rdzv-endpoint",
+                   "h:29500", "--launcher", "true", "--node-rank-env", "A B"],
+        "--node-rank-env: expected a variable name, got 'A B'"),
+    "a launcher not on PATH": (
+        lambda t: ["run", spec_with(t), "--out", str(t / "o"), "--nnodes", "2", "--rdzv-endpoint",
+                   "h:29500", "--launcher", "no-such-launcher", "--node-rank-env", "RANK_OF_NODE"],
+        "--launcher: no-such-launcher is not on PATH"),
+    "--launcher unbalanced quotes": (
+        lambda t: ["run", spec_with(t), "--out", str(t / "o"), "--nnodes", "2", "--rdzv-endpoint",
+                   "h:29500", "--launcher", "mpirun '-np"], "--launcher/--step-wrapper: No closing"),
     "--rdzv-endpoint without a port": (lambda t: ["run", spec_with(t), "--out", str(t / "o"), "--nnodes",
                                                   "2", "--rdzv-endpoint", "node1"],
                                        "--rdzv-endpoint: expected HOST:PORT"),
@@ -235,12 +251,20 @@ def test_tomli_w_writes_what_the_cases_read() -> None:
     assert "[trials]\ncount = 1\n" in tomli_w.dumps({"trials": {"count": 1}})
 
 
-def test_a_slurm_node_id_that_is_not_an_index_is_bad_input(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SLURM_NODEID", "\u00b2")  # a digit to str.isdigit, not to int()
-    code, lines = run_cli(["run", spec_with(tmp_path), "--out", str(tmp_path / "o"), "--nnodes", "2",
-                           "--rdzv-endpoint", "h:29500"], capsys)
-    assert code == 2 and lines == ["multicard: error: SLURM_NODEID: expected a node index, got '²'"]
+@pytest.mark.parametrize(("value", "expected"), [
+    ("\u00b2", "SLURM_NODEID: expected a node index, got '²'"),  # a digit to str.isdigit, not int()
+    ("2", "SLURM_NODEID: expected 0 <= index < nnodes (2), got 2"),
+    (None, "SLURM_NODEID is not set: the launcher did not say which node this is")])
+def test_a_node_step_without_a_valid_node_index_is_bad_input(tmp_path: Path, value: str | None,
+                                                              expected: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_NODEID"} | \
+        ({"SLURM_NODEID": value} if value is not None else {})
+    done = subprocess.run([sys.executable, "-m", "multicard.node_step", "--nnodes", "2",
+                           "--node-rank-env", "SLURM_NODEID", "--dir", str(tmp_path / "trial"),
+                           "--ranks-per-node", "1", "--", "true"], env=env, capture_output=True,
+                          text=True, cwd=ROOT)
+    assert done.returncode == 2 and done.stderr.splitlines() == [f"multicard.node_step: error: {expected}"]
+    assert not (tmp_path / "trial").exists()
 
 
 def test_a_tree_the_disk_cannot_hold_is_refused_before_it_is_made(

@@ -16,14 +16,28 @@ def test_single_node_uses_standalone_rendezvous() -> None:
                     "--nproc-per-node=2", "-m", "pkg.mod", "--x", "1"]
 
 
-def test_multi_node_uses_c10d_at_the_endpoint() -> None:
-    argv = launch.torchrun_argv("m", [], nproc_per_node=4, nnodes=2, rdzv_endpoint="node1:29500",
-                                rdzv_id="job7")
+def test_multi_node_uses_static_ranks_at_the_endpoint() -> None:
+    rdzv = launch.Rendezvous("node1:29500", "run-trial-a0")
+    argv = launch.torchrun_argv("m", [], nproc_per_node=4, nnodes=2, rdzv=rdzv)
     assert "--standalone" not in argv
-    assert argv[3:7] == ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node1:29500",
-                         "--rdzv-id=job7"]
+    assert argv[3:10] == ["--nnodes=2", "--node-rank={node_rank}", "--rdzv-backend=static",
+                          "--rdzv-endpoint=node1:29500", "--rdzv-id=run-trial-a0",
+                          f"--rdzv-conf=timeout={launch.RDZV_TIMEOUT_S}", "--max-restarts=0"]
     with pytest.raises(ValueError, match="rendezvous"):
         launch.torchrun_argv("m", [], nproc_per_node=4, nnodes=2)
+
+
+@pytest.mark.parametrize("sep", ["-", "_"])  # torchrun's spelling, and tune run's
+def test_torchrun_reads_the_rendezvous_flags_as_meant(sep: str) -> None:
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    flags = launch.rendezvous_flags(3, launch.Rendezvous("node1:29411", "r-t0-a1", 1200), sep)
+    filled = [f.replace(launch.NODE_RANK_SLOT, "2") for f in flags]
+    args = get_args_parser().parse_args([*filled, "--nproc-per-node=2", "train.py"])
+    config, _, _ = config_from_args(args)
+    assert (config.min_nodes, config.max_nodes, config.rdzv_backend) == (3, 3, "static")
+    assert (config.rdzv_endpoint, config.run_id, config.max_restarts) == ("node1:29411", "r-t0-a1", 0)
+    assert config.rdzv_configs["rank"] == 2 and int(config.rdzv_configs["timeout"]) == 1200
 
 
 def test_vision_argv_passes_every_setting(tmp_path: Path) -> None:
@@ -124,3 +138,22 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_threads_follow_the_cpus_the_allocation_gives_not_the_node() -> None:
+    import subprocess
+    import sys
+
+    # Slurm's cgroup and taskset narrow the CPUs a trial may use; os.cpu_count() would still say
+    # the whole node and oversubscribe every core
+    done = subprocess.run(["taskset", "-c", "0", sys.executable, "-c",
+                           "from multicard import launch; print(launch.allocated_cpus())"],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "1"
+
+
+def test_a_rank_is_orphaned_when_re_parented_to_init_or_a_node_step() -> None:
+    node_step = (7, [sys.executable, "-m", "multicard.node_step", "--nnodes", "2"])
+    torchrun = (8, [sys.executable, "-m", "torch.distributed.run", "--nnodes=2"])
+    assert launch.orphaned([]) and launch.orphaned([node_step])
+    assert not launch.orphaned([(9, ["nsys", "profile"]), torchrun, node_step])

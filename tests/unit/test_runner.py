@@ -222,3 +222,28 @@ def test_an_image_that_cannot_run_a_workload_refuses_its_runs_with_the_reason(
     assert not (tmp_path / "run").exists()  # refused before anything is written
     monkeypatch.delenv("MULTICARD_NO_LLM")
     assert kinds.refused_here("llm") is None and kinds.refused_here("vision") is None
+
+
+def multi_node_trial(trial: Path, node_stderr: str) -> list[dict]:
+    """A two-node trial whose node 1 failed with `node_stderr`; srun's own line in the trial's."""
+    from multicard import cluster
+
+    (trial / "stderr.log").parent.mkdir(parents=True, exist_ok=True)
+    (trial / "stderr.log").write_text("srun: error: node8: task 1: Exited with exit code 1\n")
+    for node, code in ((0, 0), (1, 1)):
+        where = cluster.node_dir(trial, node)
+        where.mkdir(parents=True)
+        (where / "node.json").write_text(f'{{"node": {node}, "host": "node{7 + node}", '
+                                         f'"returncode": {code}}}')
+    (cluster.node_dir(trial, 1) / "stderr.log").write_text(node_stderr)
+    return cluster.node_reports(trial, 2)
+
+
+def test_a_node_out_of_memory_is_oom_and_the_launcher_lines_are_kept(tmp_path: Path) -> None:
+    padding = "a line of a rank's warnings\n" * 200  # more than a tail holds
+    reports = multi_node_trial(tmp_path, padding + "torch.OutOfMemoryError: CUDA out of memory.\n")
+    tail = runner.trial_stderr(tmp_path, reports)
+    assert "srun: error: node8: task 1" in tail and tail.endswith("CUDA out of memory.\n")
+    status, error = runner.classify(1, False, tail, None, 60.0, None)
+    assert status == "oom" and error is not None and error["type"] == "OutOfMemoryError"
+

@@ -40,7 +40,7 @@ def test_only_the_first_stop_counts() -> None:
 def test_a_stop_during_the_end_of_a_timed_out_trial_does_not_cut_it_short(tmp_path: Path) -> None:
     # the trial ignores SIGTERM, so ending it takes the whole grace period and a SIGKILL; a stop
     # that arrives meanwhile must wait until every process is gone
-    argv = ["sh", "-c", "trap '' TERM; sleep 30 & sleep 30 & wait"]
+    argv = ["sh", "-c", "trap '' TERM; sleep 30.25 & sleep 30.25 & wait"]  # a name of its own
     killer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM))
     with stop_on_signals():
         killer.start()
@@ -50,5 +50,5 @@ def test_a_stop_during_the_end_of_a_timed_out_trial_does_not_cut_it_short(tmp_pa
         with pytest.raises(Interrupted):
             GATE.check()  # served once the trial has ended
     # the shell and both of its sleeps, which ignored SIGTERM, are gone
-    leftover = subprocess.run(["pgrep", "-f", "sleep 30"], capture_output=True)
+    leftover = subprocess.run(["pgrep", "-f", "sleep 30.25"], capture_output=True)
     assert leftover.stdout == b""

@@ -20,11 +20,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import random
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from multicard import artifact
 from multicard.errors import InputError
 
 SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
@@ -50,9 +53,10 @@ def write_tokenizer(directory: Path) -> tuple[Path, Path]:
     """A byte-level tiktoken file and the special-tokens JSON that Llama3Tokenizer reads."""
     directory.mkdir(parents=True, exist_ok=True)
     model, special = directory / "tokenizer.model", directory / "special_tokens.json"
-    model.write_text("".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n" for i in range(256)))
-    special.write_text(json.dumps({"added_tokens": [{"id": 256 + i, "content": name}
-                                                    for i, name in enumerate(SPECIAL_TOKENS)]}))
+    artifact.write_text_atomic(model, "".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n"
+                                              for i in range(256)))
+    artifact.write_text_atomic(special, json.dumps({"added_tokens": [
+        {"id": 256 + i, "content": name} for i, name in enumerate(SPECIAL_TOKENS)]}))
     return model, special
 
 
@@ -102,7 +106,7 @@ def preference_pairs(kind: str, records: list[dict[str, Any]]) -> list[dict[str,
 
 def _write_json(path: Path, rows: list[dict[str, Any]]) -> str:
     data = json.dumps(rows, indent=0).encode()
-    path.write_bytes(data)
+    artifact.write_bytes_atomic(path, data)
     return hashlib.sha256(data).hexdigest()
 
 
@@ -115,7 +119,8 @@ def write_datasets(directory: Path, records: dict[str, list[dict[str, Any]]],
         sums[f"{kind}.json"] = _write_json(directory / f"{kind}.json", rows)
         sums[f"{kind}_preference.json"] = _write_json(directory / f"{kind}_preference.json",
                                                       preference_pairs(kind, rows))
-    (directory / "dataset.json").write_text(json.dumps({**description, "sha256": sums}, indent=1))
+    artifact.write_text_atomic(directory / "dataset.json",
+                               json.dumps({**description, "sha256": sums}, indent=1))
     return directory
 
 
@@ -168,10 +173,15 @@ def random_checkpoint(directory: Path, model: str, seed: int) -> Path:
         module = _get_component_from_path(builder)(**kwargs).to(torch.bfloat16)
     state = convert_weights.tune_to_meta(module.state_dict())
     directory.mkdir(parents=True, exist_ok=True)
-    partial = directory / "consolidated.00.pth.partial"
-    torch.save(state, partial)
-    partial.replace(target)  # complete files only: an interrupted save leaves no checkpoint
-    (directory / "weights.json").write_text(json.dumps(
+    handle, name = tempfile.mkstemp(dir=directory, prefix=".consolidated.00.pth.", suffix=".tmp")
+    os.close(handle)
+    partial = Path(name)  # a name of its own: two writers never share a partial file
+    try:
+        torch.save(state, partial)
+        partial.replace(target)  # complete files only: an interrupted save leaves no checkpoint
+    finally:
+        partial.unlink(missing_ok=True)
+    artifact.write_text_atomic(directory / "weights.json", json.dumps(
         {"model": model, "builder": builder, "kwargs": kwargs, "init": "random", "seed": seed,
          "note": "random weights: valid time and memory, meaningless loss"}, indent=1))
     return directory

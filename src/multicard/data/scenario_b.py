@@ -141,9 +141,7 @@ def _write_chunk(out: Path, split: str, start: int, stop: int, size: int, fmt: s
 
 def _write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    artifact.write_bytes_atomic(path, data, durable=False)
 
 
 def _chunks(request: Request) -> Iterator[tuple[str, int, int]]:

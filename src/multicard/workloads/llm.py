@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multicard import launch
 from multicard.data import llm as assets
 from multicard.params import Value
 
@@ -73,7 +74,8 @@ def recipe(settings: Mapping[str, Value]) -> tuple[str, str, int]:
     """(recipe, stock config, processes) for a config."""
     method = METHODS[str(settings["method"])]
     ranks = int(settings["gpus"])
-    if ranks == 1 and method.single and method.single_config:
+    # one process on one node: the single-device recipe; across nodes only a distributed one runs
+    if ranks == 1 and int(settings["nnodes"]) == 1 and method.single and method.single_config:
         return method.single, method.single_config, 1
     return method.distributed, method.config, ranks
 
@@ -146,12 +148,13 @@ def overrides(settings: Mapping[str, Value], trial_dir: Path, found: Assets, tra
 
 
 def argv(settings: Mapping[str, Value], trial_dir: Path, found: Assets, trace: str,
-         rdzv_endpoint: str | None = None, rdzv_id: str = "multicard") -> list[str]:
+         rdzv: launch.Rendezvous | None = None) -> list[str]:
     name, config, ranks = recipe(settings)
     launcher = [sys.executable, "-m", "torchtune._cli.tune", "run"]
     if int(settings["nnodes"]) > 1:  # tune run passes these to torchrun
-        launcher += [f"--nnodes={settings['nnodes']}", "--rdzv_backend=c10d",
-                     f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}"]
+        if rdzv is None:
+            raise ValueError("several nodes need a rendezvous (HOST:PORT and an id)")
+        launcher += launch.rendezvous_flags(int(settings["nnodes"]), rdzv, "_")
     if ranks > 1 or name.endswith("distributed"):
         launcher.append(f"--nproc_per_node={ranks}")
     return [*launcher, name, "--config", config, *overrides(settings, trial_dir, found, trace)]

@@ -43,7 +43,7 @@ import torchvision  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 
-from multicard import devices, numa, params, precision  # noqa: E402
+from multicard import artifact, devices, numa, params, precision  # noqa: E402
 from multicard.data import mnist, scenario_b  # noqa: E402
 from multicard.launch import DROPPED_ENV, die_with_agent  # noqa: E402
 from multicard.loaders import LOADERS, LoaderConfig  # noqa: E402
@@ -227,6 +227,9 @@ def main(argv: list[str] | None = None) -> None:
 
     local = {
         "rank": rank,
+        # the node whose part started this rank (multicard.node_step), None on one node: with
+        # static ranks rank 0 is node 0's
+        "node": int(os.environ["MULTICARD_NODE"]) if "MULTICARD_NODE" in os.environ else None,
         "train_time_s": train_time,
         "epoch_time_s": epoch_times,
         "step_times_s": step_times,
@@ -249,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     gathered: list[dict[str, Any]] = [{} for _ in range(world)]
     dist.all_gather_object(gathered, local)
-    if local_rank == 0:  # every node keeps the whole result (its runner records it on node 0)
+    if rank == 0:  # one trial directory, shared by every node
         result = {
             "metrics": combine_ranks(gathered, accuracy),
             "unmeasured": unmeasured(gathered),
@@ -446,9 +449,7 @@ def gpu_uuid(device: torch.device) -> str:
 
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(path)
+    artifact.write_text_atomic(path, json.dumps(payload, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,113 @@
+"""One node's part of a multi-node trial, started by the planner's launcher step on every node.
+
+    python -m multicard.node_step --nnodes N --node-rank-env SLURM_NODEID --dir TRIAL \\
+        --ranks-per-node G [--env KEY=VALUE ...] [--page-cache MODE --page-cache-tree DIR] \\
+        -- python -m torch.distributed.run ...
+
+It finds its node index in the launcher's variable, puts it into torchrun's `--node-rank`, sets
+this node's page cache for the trial's files, gives torchrun the trial environment of *this*
+node (threads from this node's allocation; MULTICARD_NODE = the index, for the ranks), and keeps
+its own record: TRIAL/nodes/node<R>/node.json (host, index, allocation, exit status) with the
+node's stdout.log and stderr.log beside it. A node.json without an exit status is a node whose
+part was killed (the planner names it `NodeLost`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from multicard import artifact, cluster, launch, telemetry
+from multicard.cli import OneLineParser
+from multicard.data import page_cache
+from multicard.errors import InputError
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = OneLineParser(prog="python -m multicard.node_step", description=__doc__)
+    p.add_argument("--nnodes", type=int, required=True)
+    p.add_argument("--node-rank-env", required=True)
+    p.add_argument("--dir", type=Path, required=True, help="the trial directory (shared)")
+    p.add_argument("--ranks-per-node", type=int, required=True)
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--page-cache", choices=page_cache.MODES)
+    p.add_argument("--page-cache-tree", type=Path)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then torchrun's argv")
+    args = p.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command or args.nnodes < 2 or args.ranks_per_node < 1 or \
+            any("=" not in pair for pair in args.env) or \
+            (args.page_cache is None) != (args.page_cache_tree is None):
+        p.error("expected --nnodes >= 2, --ranks-per-node >= 1, KEY=VALUE pairs, --page-cache "
+                "with --page-cache-tree, and -- COMMAND")
+    return args
+
+
+def describe_node(rank: int, command: list[str]) -> dict[str, Any]:
+    """Who ran this node's part, and with what allocation."""
+    return {"node": rank, "host": socket.gethostname(), "pid": os.getpid(),
+            "cpus_allowed": launch.allocated_cpus(), "started_unix": round(time.time(), 3),
+            "slurm": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_")},
+            "argv": command}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    try:
+        rank = cluster.node_rank(os.environ, args.node_rank_env, args.nnodes)
+    except InputError as exc:
+        print(f"multicard.node_step: error: {exc}", file=sys.stderr)
+        return 2
+    extra = dict(pair.split("=", 1) for pair in args.env) | {"MULTICARD_NODE": str(rank)}
+    env = launch.trial_env({**os.environ, **extra}, args.ranks_per_node, launch.allocated_cpus())
+    command = [word.replace(launch.NODE_RANK_SLOT, str(rank)) for word in args.command]
+    where = cluster.node_dir(args.dir, rank)
+    where.mkdir(parents=True, exist_ok=True)
+    report = describe_node(rank, command)
+    artifact.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
+    if args.page_cache:
+        page_cache.apply(args.page_cache, args.page_cache_tree)
+    returncode = run_forwarding_signals(command, env, where)
+    report |= {"returncode": returncode, "wall_s": round(time.time() - report["started_unix"], 3)}
+    artifact.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def run_forwarding_signals(command: list[str], env: dict[str, str], where: Path) -> int:
+    """torchrun as a child: it dies with this process (a node part killed with SIGKILL leaves no
+    trainer behind), and a stop the launcher sends (srun forwards scancel's SIGTERM) reaches it."""
+    parent = os.getpid()
+    launch.become_subreaper()
+    with (where / "stdout.log").open("wb") as stdout, (where / "stderr.log").open("wb") as stderr:
+        child = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env,
+                                 preexec_fn=lambda: launch.set_parent_death_signal(parent))
+
+        def forward(signum: int, frame: FrameType | None) -> None:
+            child.send_signal(signum)
+
+        for sig in FORWARDED:
+            signal.signal(sig, forward)
+        returncode = child.wait()
+    # a rank torchrun left behind is this process's now: it must not live on into the next
+    # trial, which meets at the same port
+    for pid in set(telemetry.process_tree(os.getpid())) - {os.getpid()}:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
