@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -53,11 +56,12 @@ class TorchLoader:
         kernel has reaped it, so this waits up to `wait_s` for one to report its code."""
         workers = getattr(getattr(self, "iterator", None), "_workers", [])
         deadline = time.monotonic() + wait_s
-        while True:
-            dead = [(w.pid, w.exitcode) for w in workers if not w.is_alive() and w.exitcode]
-            if dead or not workers or time.monotonic() > deadline:
-                return dead
-            time.sleep(0.05)
+        with _sigchld_quiet():
+            while True:
+                dead = [(w.pid, w.exitcode) for w in workers if not w.is_alive() and w.exitcode]
+                if dead or not workers or time.monotonic() > deadline:
+                    return dead
+                time.sleep(0.05)
 
     def to_device(self, batch: Batch) -> Batch:
         images, labels, indices = batch
@@ -75,3 +79,18 @@ class TorchLoader:
             return None
         events = self.copies.taken()
         return sum(a.elapsed_time(b) for a, b in zip(events[::2], events[1::2], strict=True)) / 1000.0
+
+
+@contextlib.contextmanager
+def _sigchld_quiet() -> Iterator[None]:
+    """The DataLoader's SIGCHLD handler raises "worker ... is killed" at every child's exit
+    once a worker has died; while the dead worker is being named (after the first such error),
+    another child ending must not raise it again in the middle of the naming."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, previous if previous is not None else signal.SIG_DFL)
