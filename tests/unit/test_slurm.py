@@ -80,6 +80,20 @@ def test_a_second_submission_resumes_the_same_run(tmp_path: Path) -> None:
     assert first == second and "--out /opt/multicard/artifact/runs/table3" in first
 
 
+def running_job(tmp_path: Path, argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], Path]:
+    """A template started under bash, once its session (or planner) runs; on a job that never
+    gets there, what it printed."""
+    job = subprocess.Popen(["bash", *argv], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    calls = tmp_path / "calls"
+    try:
+        wait_for(calls, "SRUN_CPUS_PER_TASK")
+    except AssertionError:
+        job.kill()
+        raise AssertionError(job.communicate()) from None
+    return job, calls
+
+
 MULTINODE = ROOT / "slurm" / "multinode.sbatch"
 SPEC = "experiments/table2_precision.toml"
 
@@ -105,14 +119,7 @@ def test_the_multinode_job_plans_once_and_steps_into_the_image_on_every_node(tmp
 
 def test_the_multinode_job_stops_reports_and_requeues_at_the_time_limit(tmp_path: Path) -> None:
     env = fake_tools(tmp_path) | {"MULTICARD_REQUEUE": "1", "MULTICARD_RUN": "mine"}
-    job = subprocess.Popen(["bash", str(MULTINODE), SPEC], cwd=tmp_path, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    calls = tmp_path / "calls"
-    try:
-        wait_for(calls, "SRUN_CPUS_PER_TASK")
-    except AssertionError:
-        job.kill()
-        raise AssertionError(job.communicate()) from None
+    job, calls = running_job(tmp_path, [str(MULTINODE), SPEC], env)
     job.send_signal(signal.SIGUSR1)
     out, _ = job.communicate(timeout=20)
     lines = calls.read_text().splitlines()
@@ -133,14 +140,7 @@ def test_the_templates_pass_shellcheck() -> None:
 @pytest.mark.parametrize("template", ["singlenode.sbatch", "multinode.sbatch"])
 def test_a_cancelled_job_reports_once_and_is_not_requeued(tmp_path: Path, template: str) -> None:
     env = fake_tools(tmp_path) | {"MULTICARD_REQUEUE": "1"}
-    job = subprocess.Popen(["bash", str(ROOT / "slurm" / template), "table2"], cwd=tmp_path, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    calls = tmp_path / "calls"
-    try:
-        wait_for(calls, "SRUN_CPUS_PER_TASK")
-    except AssertionError:
-        job.kill()
-        raise AssertionError(job.communicate()) from None
+    job, calls = running_job(tmp_path, [str(ROOT / "slurm" / template), "table2"], env)
     job.send_signal(signal.SIGTERM)  # what scancel sends the batch shell
     out, _ = job.communicate(timeout=20)
     lines = calls.read_text().splitlines()
