@@ -397,13 +397,12 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
     artifact.write_text_atomic(trial_dir / "launch.json", json.dumps(
         {"argv": argv, "env_set": changed, "env_dropped": dropped, "cleared_env": cleared,
          "cwd": str(Path.cwd())}, indent=1))
-    cache = kind.page_cache(settings, data_dir)
-    if cache and int(settings["nnodes"]) == 1:  # across nodes, each node's part sets its own
-        page_cache.apply(*cache)  # outside the trial's clock
+    one_node = int(settings["nnodes"]) == 1
+    if one_node and (cache := kind.page_cache(settings, data_dir)):  # across nodes, each
+        page_cache.apply(*cache)  # node's part sets its own; outside the trial's clock
     started, started_unix = utc_now(), time.time()
     t0 = time.monotonic()
     # across nodes the ranks are no children of this process (slurmstepd starts them)
-    one_node = int(settings["nnodes"]) == 1
     trial_gpus = telemetry.visible_gpus()[:int(settings["gpus"])] \
         if settings["device"] == "cuda" and one_node else []
     try:
