@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from multicard import energy
+from multicard.energy import Energy, Reading
+
+# an NVML counter (mJ) read at the start and the end of a 12.5 s timed region at ~300 W
+NVML_START, NVML_END = Reading(100.0, 9_876_543_210), Reading(112.5, 9_880_293_210)
+
+
+def test_a_counter_window_is_the_difference_in_joules() -> None:
+    found = energy.window_energy(NVML_START, NVML_END, 1e-3, None)
+    assert found == Energy(pytest.approx(3750.0), "counter")
+    assert energy.mean_power(found.joules, 12.5) == pytest.approx(300.0)
+
+
+def test_a_wrapped_counter_adds_its_range() -> None:
+    # RAPL's energy_uj wraps at max_energy_range_uj (262143328850 uJ on many Intel parts)
+    wraps = 262_143_328_850
+    start, end = Reading(0.0, wraps - 1_000_000), Reading(2.0, 4_000_000)
+    assert energy.counter_delta(start.value, end.value, wraps) == 5_000_000
+    assert energy.window_energy(start, end, 1e-6, wraps).joules == pytest.approx(5.0)
+    assert energy.counter_delta(10, 5, None) is None  # back, range unknown: not a number
+
+
+def test_a_window_shorter_than_the_counter_resolves_integrates_power() -> None:
+    start, end = Reading(0.0, 1000), Reading(0.4, 1000)  # the counter has not moved yet
+    samples = [(0.0, 200.0), (0.2, 300.0), (0.4, 300.0)]  # 0.2 * 250 + 0.2 * 300
+    found = energy.window_energy(start, end, 1e-3, None, samples)
+    assert found.joules == pytest.approx(110.0) and found.source == "integrated power"
+    assert "0.400 s window is shorter than the counter resolves (1 s)" in str(found.reason)
+    unmeasured = energy.window_energy(start, end, 1e-3, None, samples[:1])
+    assert unmeasured.joules is None and "fewer than 2 power samples" in str(unmeasured.reason)
+
+
+def test_a_sum_over_gpus_is_none_when_one_is_missing() -> None:
+    ok = Energy(10.0, "counter")
+    short = Energy(2.0, "integrated power", "a 0.5 s window ...")
+    assert energy.total([("GPU 0", ok), ("GPU 1", short)]) == Energy(
+        12.0, "counter + integrated power", "a 0.5 s window ...")
+    missing = energy.total([("GPU 0", ok), ("GPU 1", Energy(None, None, "NVML: not supported"))])
+    assert missing == Energy(None, None, "GPU 1: NVML: not supported")
+    assert energy.total([]).reason == "no device to measure"
+
+
+def test_per_sample_and_power_are_none_not_zero() -> None:
+    assert energy.per_unit(None, 100) is None and energy.per_unit(5.0, 0) is None
+    assert energy.per_unit(5.0, 100) == pytest.approx(0.05)
+    assert energy.mean_power(None, 3.0) is None and energy.mean_power(3.0, 0.0) is None
+
+
+def powercap(root: Path, zones: dict[str, tuple[str, int, int]]) -> Path:
+    """A powercap tree as Linux lays it out: intel-rapl:N/{name,energy_uj,max_energy_range_uj}."""
+    for zone, (name, value, wraps) in zones.items():
+        (root / zone).mkdir(parents=True)
+        (root / zone / "name").write_text(name + "\n")
+        (root / zone / "energy_uj").write_text(f"{value}\n")
+        (root / zone / "max_energy_range_uj").write_text(f"{wraps}\n")
+    return root
+
+
+def test_rapl_reads_the_packages_not_their_sub_domains(tmp_path: Path) -> None:
+    root = powercap(tmp_path, {"intel-rapl:0": ("package-0", 5_000_000, 2**32),
+                               "intel-rapl:0:0": ("core", 1_000_000, 2**32),
+                               "intel-rapl:1": ("package-1", 7_000_000, 2**32)})
+    domains, why = energy.rapl_packages(root)
+    assert why is None and [d.name for d in domains] == ["package-0", "package-1"]
+    values, why = energy.read_rapl(domains)
+    assert values == [5_000_000, 7_000_000] and why is None
+    start = [Reading(0.0, v) for v in values]
+    end = [Reading(2.0, 2**32 - 1_000_000), Reading(2.0, 9_000_000)]  # package-0 did not wrap
+    found = energy.cpu_window_energy(domains, start, end)
+    assert found.joules == pytest.approx((2**32 - 6_000_000) * 1e-6 + 2.0)
+
+
+def test_no_rapl_is_a_reason(tmp_path: Path) -> None:
+    domains, why = energy.rapl_packages(tmp_path / "absent")
+    assert domains == [] and "does not exist" in str(why)
+    domains, why = energy.rapl_packages(tmp_path)
+    assert domains == [] and "no RAPL package domain" in str(why)
+
+
+def test_this_machine_says_why_when_it_has_no_rapl() -> None:
+    domains, why = energy.rapl_packages()
+    assert bool(domains) != bool(why)  # either domains to read or the reason there are none

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from multicard import ladder
+
+
+@pytest.mark.parametrize(("ci", "expected"), [
+    ((0.97, 1.02), "compute-bound"), ((0.95, 0.99), "compute-bound"), ((0.55, 0.70), "data-bound"),
+    ((0.82, 0.90), "mixed"), ((0.90, 0.99), "unclear"), ((0.70, 0.85), "unclear"),
+    ((float("nan"), float("nan")), "unclear")])
+def test_the_label_follows_the_whole_interval(ci: tuple[float, float], expected: str) -> None:
+    assert ladder.label(*ci) == expected
+
+
+def test_a_loader_at_half_the_ceiling_is_data_bound() -> None:
+    synthetic = [1000.0, 1010.0, 990.0, 1005.0, 995.0]
+    real = [500.0, 510.0, 495.0, 505.0, 490.0]
+    bound = ladder.classify(real, synthetic)
+    assert bound.label == "data-bound" and bound.ratio == pytest.approx(0.5, abs=0.01)
+    assert bound.ci_lo < 0.5 < bound.ci_hi and (bound.n_real, bound.n_synthetic) == (5, 5)
+
+
+def test_one_trial_each_is_unclear_not_a_verdict() -> None:
+    assert ladder.classify([500.0], [1000.0]).label == "unclear"
+
+
+def test_the_label_is_rarely_wrong_when_the_loader_costs_nothing() -> None:
+    # 5 trials each, 3 % noise, equal true throughput: "data-bound" or "mixed" would be false
+    rng = np.random.default_rng(0)
+    wrong = sum(ladder.classify(1000 * rng.lognormal(0, 0.03, 5), 1000 * rng.lognormal(0, 0.03, 5)).label
+                in ("data-bound", "mixed") for _ in range(2000))
+    assert wrong / 2000 < 0.03

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from multicard import resources
+from multicard.resources import StrayContext
+
+# /proc/<pid>/stat of a DataLoader worker: a command with a space and parentheses
+STAT = ("4242 (pt_data_worker (1)) S 4200 4200 4100 0 -1 4194304 12000 0 0 0 "
+        "730 125 0 0 20 0 1 0 555555 1000000000 20000 18446744073709551615")
+
+
+def test_cpu_seconds_read_past_a_command_with_parentheses() -> None:
+    assert resources.stat_cpu_seconds(STAT, ticks=100) == pytest.approx(8.55)
+
+
+def test_this_process_has_cpu_time_and_an_affinity() -> None:
+    seconds, why = resources.cpu_seconds([os.getpid()])
+    assert why is None and seconds is not None and seconds > 0
+    assert resources.affinity(os.getpid()) == sorted(os.sched_getaffinity(0))
+    missing, why = resources.cpu_seconds([2**22 + 1])  # above pid_max's default
+    assert missing is None and "/proc/" in str(why)
+
+
+def test_a_rank_holding_memory_on_another_gpu_is_a_stray_context() -> None:
+    # two ranks on GPU-a and GPU-b; rank 1 (pid 20) and its pinning thread hold 500 MiB on GPU-a
+    trains_on = {10: "GPU-a", 11: "GPU-a", 20: "GPU-b", 21: "GPU-b"}
+    held = {"GPU-a": [(10, 8 << 30), (20, 500 << 20), (999, 1 << 30)],  # 999: someone else's
+            "GPU-b": [(20, 8 << 30), (21, None)]}
+    assert resources.stray_contexts(trains_on, held) == [StrayContext(20, "GPU-a", 500 << 20, "GPU-b")]
+    assert resources.stray_contexts(trains_on, {"GPU-a": [(10, 1)], "GPU-b": [(20, 1)]}) == []
