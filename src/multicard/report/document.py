@@ -1,16 +1,12 @@
-"""Presentation: tables (md, csv, tex), figures (PNG) and REPORT.md for one or more run directories.
-
-Nothing here computes a statistic; numbers come from `summarize` and are only formatted.
-"""
+"""REPORT.md: every section (environment, claims, experiments, failures, compute,
+verification) assembled from the tables and figures; writes SHA256SUMS last."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,317 +15,21 @@ import pandas as pd
 from tabulate import tabulate
 
 import multicard
-from multicard import artifact, claims, cost, store, summarize
-from multicard import spec as specmod
-from multicard.errors import InputError
+from multicard import artifact, claims, cost, summarize
+from multicard.report.figures import plot_breakdown, plot_primary
+from multicard.report.formatting import label
+from multicard.report.runs import RunData, discover_runs, load_run
+from multicard.report.tables import (
+    display_effects,
+    display_pause_table,
+    display_table,
+    display_trace_table,
+    render_csv,
+    render_markdown,
+    warning_texts,
+    write_tables,
+)
 from multicard.spec import Spec
-
-
-@dataclass(frozen=True)
-class RunData:
-    path: Path
-    spec: Spec
-    env: dict[str, Any]
-    records: list[dict[str, Any]]
-    planned: int
-    torn_lines: list[int] = field(default_factory=list)  # lines of trials.jsonl that were skipped
-
-
-# --- number formatting ----------------------------------------------------------------------
-
-def _fmt_num(v: float) -> str:
-    return "–" if v is None or math.isnan(v) else f"{v:.4g}"
-
-
-def _fmt_pct(v: float) -> str:
-    return "–" if v is None or math.isnan(v) else f"{100 * v:.2f}"
-
-
-def _fmt_gib(v: float) -> str:
-    return "–" if v is None or math.isnan(v) else f"{v / 2**30:.3g}"
-
-
-METRIC_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
-    "train_time_s": ("train time (s)", _fmt_num),
-    "epoch_time_s": ("epoch time (s)", _fmt_num),
-    "step_time_median_s": ("median step (s)", _fmt_num),
-    "throughput_samples_s": ("throughput (img/s)", _fmt_num),
-    "data_wait_fraction": ("data wait, loader next() (%)", _fmt_pct),
-    "data_wait_s": ("data wait, loader next() (s)", _fmt_num),
-    "h2d_wait_fraction": ("copy wait, host in H2D copy (%)", _fmt_pct),
-    "h2d_wait_s": ("copy wait, host in H2D copy (s)", _fmt_num),
-    "first_batch_latency_s": ("pre-epoch pause (s)", _fmt_num),
-    "h2d_time_s": ("H2D copy on device (s)", _fmt_num),
-    "nvml_process_mem_bytes": ("rank GPU mem., NVML (GiB)", _fmt_gib),
-    "test_accuracy": ("test acc. (%)", _fmt_pct),
-    "peak_mem_bytes": ("peak mem. (GiB)", _fmt_gib),
-    "gpu_util_mean": ("GPU util. (%)", _fmt_pct),
-    "train_loss": ("train loss", _fmt_num),
-    "tokens_per_s_per_gpu": ("tokens/s per GPU", _fmt_num),
-    "peak_mem_active_bytes": ("peak active mem. (GiB)", _fmt_gib),
-    "peak_mem_reserved_bytes": ("peak reserved mem. (GiB)", _fmt_gib),
-    "peak_device_mem_bytes": ("GPU mem. used, NVML (GiB)", _fmt_gib),
-    "peak_process_mem_bytes": ("process RSS (GiB)", _fmt_gib),
-    "final_loss": ("final loss", _fmt_num),
-    "local_page_fraction": ("pages on home node (%)", _fmt_pct),
-    "cpus_on_gpu_node_fraction": ("CPUs on GPU's node (%)", _fmt_pct),
-}
-
-
-def _label(metric: str) -> str:
-    return METRIC_LABELS.get(metric, (metric, _fmt_num))[0]
-
-
-def _fmt(metric: str, value: float) -> str:
-    return METRIC_LABELS.get(metric, (metric, _fmt_num))[1](value)
-
-
-def _mean_sd_ci(row: pd.Series, metric: str) -> str:
-    mean, sd = row[f"{metric}.mean"], row[f"{metric}.std"]
-    if math.isnan(mean):
-        return "–"
-    text = _fmt(metric, mean) + (f" ± {_fmt(metric, sd)}" if not math.isnan(sd) else "")
-    lo, hi = row[f"{metric}.ci_lo"], row[f"{metric}.ci_hi"]
-    if not math.isnan(lo):
-        text += f" [{_fmt(metric, lo)}, {_fmt(metric, hi)}]"
-    return text
-
-
-def _with_ci(value: float, lo: float, hi: float, fmt: Callable[[float], str]) -> str:
-    if math.isnan(value):
-        return "–"
-    return fmt(value) + ("" if math.isnan(lo) else f" [{fmt(lo)}, {fmt(hi)}]")
-
-
-def _paper(values: dict[str, Any]) -> str:
-    parts = []
-    for key, value in values.items():
-        if key == "outcome":
-            parts.append("runs" if value == "runs" else "fails to run")
-            continue
-        lo, hi = value if isinstance(value, tuple) else (value, value)
-        if key == "speedup_x":
-            text, unit = (f"{lo:g}" if lo == hi else f"{lo:g}–{hi:g}"), "x"
-        elif key in ("gain_pct", "time_reduction_pct"):
-            text, unit = (f"{lo:g}" if lo == hi else f"{lo:g}–{hi:g}"), " %"
-        else:
-            a, b = _fmt(key, lo), _fmt(key, hi)
-            parts.append(f"{_label(key)} {a if lo == hi else f'{a}–{b}'}")
-            continue
-        parts.append(f"{key.removesuffix('_pct').replace('_', ' ')} {text}{unit}")
-    return "; ".join(parts)
-
-
-# --- tables ---------------------------------------------------------------------------------
-
-def display_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
-    """The human table: one column per factor, n, mean ± sd [95% CI] per metric, speedups, paper."""
-    out = pd.DataFrame({factor: table[factor] for factor in spec.grid})
-    out["n"] = table[f"{spec.primary}.n"].astype(int)
-    for metric in spec.metrics:
-        out[f"{_label(metric)} mean ± sd [95% CI]"] = table.apply(_mean_sd_ci, axis=1, metric=metric)
-    p = spec.primary
-    out[f"{_label(p)} median [min, max]"] = [
-        "–" if math.isnan(r[f"{p}.median"]) else
-        f"{_fmt(p, r[f'{p}.median'])} [{_fmt(p, r[f'{p}.min'])}, {_fmt(p, r[f'{p}.max'])}]"
-        for _, r in table.iterrows()]
-    if spec.baseline:
-        base = ", ".join(f"{k}={v}" for k, v in spec.baseline.items())
-        columns = {f"speedup vs {base} (x) [95% CI]": ("speedup", lambda v: f"{v:.3g}"),
-                   "time reduction (%)": ("time_reduction", _fmt_pct),
-                   "gain (%)": ("gain", _fmt_pct)}
-        for title, (key, fmt) in columns.items():
-            out[title] = [
-                "baseline" if r["baseline"] else
-                _with_ci(r[key], r[f"{key}.lo"], r[f"{key}.hi"], fmt)
-                + (" (Fieller)" if r.get("speedup.method") == "fieller" else "")
-                for _, r in table.iterrows()]
-    out["paper"] = [_paper(v) for v in table["paper"]]
-    out["failed (cause)"] = [f"{n} ({', '.join(c)})" if n else "0"
-                             for n, c in zip(table["failed"], table["failure_causes"], strict=True)]
-    out["warnings"] = ["; ".join(warning_texts(spec, r)) or "–" for _, r in table.iterrows()]
-    return out
-
-
-def warning_texts(spec: Spec, row: pd.Series) -> list[str]:
-    """A config's instability warnings, in words (the numbers come from summarize/stats)."""
-    words = {"iqr": lambda: f"unstable: IQR/median {row['stability.iqr']:.0%} > 10 %",
-             "max": lambda: f"slowest trial {row['stability.max']:.2f}x the median (> 1.25x)",
-             "first": lambda: f"first trial {row['stability.first'] - 1:.0%} slower than the rest "
-                              "(a warm-up effect across trials?)"}
-    texts = [words[flag]() for flag in row.get("warnings", []) or []]
-    outliers = row.get(f"{spec.primary}.outliers", 0)
-    if outliers and not math.isnan(outliers):
-        texts.append(f"{int(outliers)} outlier(s) (modified z-score > 3.5, kept)")
-    return texts
-
-
-# The paper's Nsight metrics (PAPER.md section 5) -> trace summary keys. "CUDA memcpy HtoD" is the
-# GPU-side copy activity; NCCL kernels include ncclDevKernel_AllGather.
-TRACE_COLUMNS: dict[str, tuple[str, str]] = {
-    "HtoD copies (n)": ("memcpy_htod_count", "count"),
-    "HtoD (MiB)": ("memcpy_htod_bytes", "mib"),
-    "HtoD (ms)": ("memcpy_htod_ns", "ms"),
-    "HtoD from pageable (ms)": ("memcpy_htod_pageable_ns", "ms"),
-    "HtoD from pinned (ms)": ("memcpy_htod_pinned_ns", "ms"),
-    "DtoH (ms)": ("memcpy_dtoh_ns", "ms"),
-    "kernels (n)": ("kernel_count", "count"),
-    "kernels (ms)": ("kernel_ns", "ms"),
-    "NCCL kernels (ms)": ("nccl_kernel_ns", "ms"),
-    "cudaLaunchKernel (n)": ("cuda_launch_kernel_count", "count"),
-    "cudaLaunchKernel (ms)": ("cuda_launch_kernel_ns", "ms"),
-    "cudaStreamSynchronize (ms)": ("cuda_stream_synchronize_ns", "ms"),
-    "cudaEventSynchronize (ms)": ("cuda_event_synchronize_ns", "ms"),
-    "cudaEventDestroy (n)": ("cuda_event_destroy_count", "count"),
-    "cudaMemcpyAsync (ms)": ("cuda_memcpy_async_ns", "ms"),
-}
-_UNITS: dict[str, Callable[[float], str]] = {
-    "count": lambda v: f"{v:.0f}", "mib": lambda v: f"{v / 2**20:.4g}", "ms": lambda v: f"{v / 1e6:.4g}"}
-
-
-def display_trace_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
-    """Per config, per rank, mean over traced trials."""
-    out = table[[*spec.grid, "trace", "n"]].copy()
-    for title, (key, unit) in TRACE_COLUMNS.items():
-        out[title] = [_UNITS[unit](v) for v in table[key]]
-    return out
-
-
-def display_pause_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
-    """Configs as rows, epochs as columns: the pause before each epoch's first step (ms)."""
-    wide = table.pivot_table(index=[*spec.grid, "config_id"], columns="epoch", values="pause_ns",
-                             sort=False)
-    counts = table.groupby([*spec.grid, "config_id"], sort=False)["n"].max()
-    out = wide.reset_index().drop(columns="config_id")
-    out.insert(len(spec.grid), "n", counts.to_numpy())
-    return out.rename(columns={e: f"epoch {e} (ms)" for e in wide.columns}).apply(
-        lambda col: col.map(lambda v: f"{v / 1e6:.4g}") if str(col.name).startswith("epoch") else col)
-
-
-def render_markdown(display: pd.DataFrame) -> str:
-    return tabulate(display, headers="keys", tablefmt="github", showindex=False) + "\n"
-
-
-def render_latex(display: pd.DataFrame) -> str:
-    return tabulate(display, headers="keys", tablefmt="latex_booktabs", showindex=False) + "\n"
-
-
-def render_csv(table: pd.DataFrame) -> str:
-    flat = table.copy()
-    flat["paper"] = [json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in p.items()})
-                     for p in flat["paper"]]
-    flat["failure_causes"] = [";".join(c) for c in flat["failure_causes"]]
-    return flat.to_csv(index=False)
-
-
-# --- figures --------------------------------------------------------------------------------
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_primary(spec: Spec, table: pd.DataFrame, trials: pd.DataFrame, target: Path) -> bool:
-    """Primary metric vs the figure's x factor: one line per series, one panel per facet value,
-    95% CI bars and one dot per trial."""
-    if not spec.figure:
-        return False
-    plt = _pyplot()
-    facet = spec.figure.get("facet")
-    panels = list(table.groupby(facet, sort=False)) if facet else [(None, table)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
-    for ax, (value, panel) in zip(axes[0], panels, strict=True):
-        _draw_panel(ax, spec, panel, trials)
-        if facet:
-            ax.set_title(f"{facet} = {value}", fontsize=9)
-    fig.suptitle(spec.title, fontsize=9)
-    fig.tight_layout()
-    _save(fig, target)
-    plt.close(fig)
-    return True
-
-
-def _draw_panel(ax: Any, spec: Spec, table: pd.DataFrame, trials: pd.DataFrame) -> None:
-    x_key, series_key, p = spec.figure["x"], spec.figure.get("series"), spec.primary
-    groups = list(table.groupby(series_key, sort=False)) if series_key else [(None, table)]
-    xs = sorted(spec.grid[x_key])
-    # Series are dodged sideways so that error bars at the same x stay readable.
-    width = 0.5 * min((b - a for a, b in itertools.pairwise(xs)), default=1)
-    for i, (name, group) in enumerate(groups):
-        shift = width * ((i + 0.5) / len(groups) - 0.5)
-        group = group.sort_values(x_key)
-        mean = group[f"{p}.mean"]
-        err = [(mean - group[f"{p}.ci_lo"]).fillna(0), (group[f"{p}.ci_hi"] - mean).fillna(0)]
-        line = ax.errorbar(group[x_key] + shift, mean, yerr=err, marker="o", capsize=3,
-                           label=str(name) if name is not None else None)
-        raw = trials[trials["config_id"].isin(group["config_id"])]
-        ax.scatter(raw[x_key] + shift, raw[p], s=10, alpha=0.4, color=line.lines[0].get_color())
-    ax.set_xticks(xs)
-    ax.set_xlabel(x_key)
-    ax.set_ylabel(_label(p) + " (mean, 95% CI; dots: trials)")
-    if series_key:
-        ax.legend(title=series_key, fontsize=8)
-
-
-def plot_breakdown(spec: Spec, table: pd.DataFrame, target: Path) -> bool:
-    """Per config, mean training time split into waiting for the loader, waiting in the copy and
-    everything else."""
-    if not spec.breakdown:
-        return False
-    plt = _pyplot()
-    labels = [" ".join(f"{row[k]}" for k in spec.grid) for _, row in table.iterrows()]
-    compute, wait = table["breakdown.compute_s"].fillna(0), table["breakdown.data_wait_s"].fillna(0)
-    copy = table["breakdown.h2d_wait_s"].fillna(0)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(labels)), 4.2))
-    ax.bar(labels, compute, label="compute (and the rest)")
-    ax.bar(labels, copy, bottom=compute, label="blocked in the host-to-device copy")
-    ax.bar(labels, wait, bottom=compute + copy, label="waiting for the loader (next())")
-    ax.set_ylabel("train time (s), mean over trials")
-    ax.set_xlabel(" / ".join(spec.grid))
-    ax.tick_params(axis="x", labelrotation=90, labelsize=7)
-    ax.set_title(f"{spec.name}: compute vs waiting for data", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    _save(fig, target)
-    plt.close(fig)
-    return True
-
-
-def _save(fig: Any, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(target, dpi=120)
-
-
-# --- runs and REPORT.md ---------------------------------------------------------------------
-
-def is_run(path: Path) -> bool:
-    return (path / "spec.toml").is_file() and (path / store.TRIALS_FILE).is_file()
-
-
-def discover_runs(path: Path) -> list[Path]:
-    """`path` itself if it is a run directory, else the run directories directly inside it."""
-    if not path.is_dir():
-        raise InputError(f"{path}: not a directory")
-    if is_run(path):
-        return [path]
-    runs = sorted(p for p in path.iterdir() if p.is_dir() and is_run(p))
-    if not runs:
-        raise InputError(f"{path}: no run directory (spec.toml + trials.jsonl) here or one level down")
-    return runs
-
-
-def load_run(path: Path) -> RunData:
-    spec = specmod.load(path / "spec.toml")
-    env_path = path / "env.json"
-    env = json.loads(env_path.read_text()) if env_path.exists() else {}
-    records, torn = store.read_with_skipped(path / store.TRIALS_FILE)
-    store.warn_skipped(path / store.TRIALS_FILE, torn)
-    timing = [p for p in specmod.plan(spec) if p.trace == "none"]
-    return RunData(path, spec, env, records, planned=len(timing), torn_lines=torn)
 
 
 def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | None = None,
@@ -469,7 +169,7 @@ def _experiment_section(run: RunData, name: str, out: Path,
     display = display_table(spec, table)
     tables = out / "tables"
     tables.mkdir(parents=True, exist_ok=True)
-    markdown = _write_tables(tables / name, display, render_csv(table), tex=True)
+    markdown = write_tables(tables / name, display, render_csv(table), tex=True)
     trials.to_csv(tables / f"{name}_trials.csv", index=False)
     has_figure = plot_primary(spec, table, trials, out / "figures" / f"{name}.png")
     has_breakdown = plot_breakdown(spec, table, out / "figures" / f"{name}_breakdown.png")
@@ -492,7 +192,7 @@ def _experiment_section(run: RunData, name: str, out: Path,
     warned = [f"- {_config_label(spec, r)}: {'; '.join(texts)}" for _, r in table.iterrows()
               if (texts := warning_texts(spec, r))]
     if warned:
-        lines += ["", f"Warnings ({_label(spec.primary)}):", "", *warned]
+        lines += ["", f"Warnings ({label(spec.primary)}):", "", *warned]
         for line in warned if echo else []:
             echo(f"warning: {spec.name}: {line.removeprefix('- ')}")
     if spec.workload == "vision":
@@ -521,25 +221,15 @@ def _trace_sections(spec: Spec, records: list[dict[str, Any]], name: str, tables
     if not traces.empty:
         lines += ["", "Profiled trials (extra, untimed): the paper's Nsight metrics per rank, mean "
                   "over traced trials; raw traces under `raw/*-<trace>-*/`.", "",
-                  _write_tables(tables / f"{name}_nsight", display_trace_table(spec, traces),
+                  write_tables(tables / f"{name}_nsight", display_trace_table(spec, traces),
                                 traces.to_csv(index=False))]
     pauses = summarize.pause_table(spec, records)
     if not pauses.empty:
         lines += ["", "Pause before the first step of each epoch, from the trace timeline (the "
                   "longest over ranks, mean over traced trials; only the epochs a trace covers):",
-                  "", _write_tables(tables / f"{name}_pauses", display_pause_table(spec, pauses),
+                  "", write_tables(tables / f"{name}_pauses", display_pause_table(spec, pauses),
                                     pauses.to_csv(index=False))]
     return lines
-
-
-def _write_tables(stem: Path, display: pd.DataFrame, csv: str, tex: bool = False) -> str:
-    """<stem>.md (and .tex) from the display table, <stem>.csv from the numbers; returns the md."""
-    markdown = render_markdown(display)
-    artifact.write_text_atomic(stem.with_suffix(".md"), markdown)
-    artifact.write_text_atomic(stem.with_suffix(".csv"), csv)
-    if tex:
-        artifact.write_text_atomic(stem.with_suffix(".tex"), render_latex(display))
-    return markdown
 
 
 def numa_section(spec: Spec, trials: pd.DataFrame) -> str:
@@ -551,20 +241,8 @@ def numa_section(spec: Spec, trials: pd.DataFrame) -> str:
     for number, finding in enumerate(summarize.numa_findings(spec, trials), start=1):
         lines += [f"{number}. {finding.question} **{finding.answer}**", ""]
         if not finding.evidence.empty:
-            lines += [render_markdown(_display_effects(spec, finding.evidence)), ""]
+            lines += [render_markdown(display_effects(spec, finding.evidence)), ""]
     return "\n".join(lines)
-
-
-def _display_effects(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
-    shown = [k for k in spec.grid if k in table]
-    out = table[shown].copy()
-    out["compared"] = [f"{r['factor']}={r[r['factor']]} vs {r['versus']}" for _, r in table.iterrows()]
-    out["metric"] = [_label(m) for m in table["metric"]]
-    out["ratio [95% CI]"] = [_with_ci(r["ratio"], r["ci_lo"], r["ci_hi"], lambda v: f"{v:.3g}")
-                             for _, r in table.iterrows()]
-    out["CI vs 1"] = table["ci"]
-    out["n"] = [f"{a}/{b}" for a, b in zip(table["n_base"], table["n"], strict=True)]
-    return out
 
 
 def _claims_section(runs: list[RunData], claim_list: list[claims.Claim] | None, out: Path) -> str:
@@ -587,7 +265,7 @@ def _claims_section(runs: list[RunData], claim_list: list[claims.Claim] | None, 
             "mean(metric of the arm the claim is about), e.g. C1: time(FP64) / time(FP32), so above "
             "1 means the claim's arm has the smaller value (is faster, uses less memory); "
             "`experiments/claims.toml` names both arms of each claim.\n\n"
-            + _write_tables(out / "tables" / "claims", display, table.to_csv(index=False)))
+            + write_tables(out / "tables" / "claims", display, table.to_csv(index=False)))
 
 
 def evidence_text(evidence: tuple[claims.Evidence, ...], shown: int = 6) -> str:

@@ -1,0 +1,92 @@
+"""Figures (PNG) of one experiment: the primary metric per config, the time breakdown."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from multicard.report.formatting import label
+from multicard.spec import Spec
+
+
+def pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_primary(spec: Spec, table: pd.DataFrame, trials: pd.DataFrame, target: Path) -> bool:
+    """Primary metric vs the figure's x factor: one line per series, one panel per facet value,
+    95% CI bars and one dot per trial."""
+    if not spec.figure:
+        return False
+    plt = pyplot()
+    facet = spec.figure.get("facet")
+    panels = list(table.groupby(facet, sort=False)) if facet else [(None, table)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    for ax, (value, panel) in zip(axes[0], panels, strict=True):
+        _draw_panel(ax, spec, panel, trials)
+        if facet:
+            ax.set_title(f"{facet} = {value}", fontsize=9)
+    fig.suptitle(spec.title, fontsize=9)
+    fig.tight_layout()
+    _save(fig, target)
+    plt.close(fig)
+    return True
+
+
+def _draw_panel(ax: Any, spec: Spec, table: pd.DataFrame, trials: pd.DataFrame) -> None:
+    x_key, series_key, p = spec.figure["x"], spec.figure.get("series"), spec.primary
+    groups = list(table.groupby(series_key, sort=False)) if series_key else [(None, table)]
+    xs = sorted(spec.grid[x_key])
+    # Series are dodged sideways so that error bars at the same x stay readable.
+    width = 0.5 * min((b - a for a, b in itertools.pairwise(xs)), default=1)
+    for i, (name, group) in enumerate(groups):
+        shift = width * ((i + 0.5) / len(groups) - 0.5)
+        group = group.sort_values(x_key)
+        mean = group[f"{p}.mean"]
+        err = [(mean - group[f"{p}.ci_lo"]).fillna(0), (group[f"{p}.ci_hi"] - mean).fillna(0)]
+        line = ax.errorbar(group[x_key] + shift, mean, yerr=err, marker="o", capsize=3,
+                           label=str(name) if name is not None else None)
+        raw = trials[trials["config_id"].isin(group["config_id"])]
+        ax.scatter(raw[x_key] + shift, raw[p], s=10, alpha=0.4, color=line.lines[0].get_color())
+    ax.set_xticks(xs)
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(label(p) + " (mean, 95% CI; dots: trials)")
+    if series_key:
+        ax.legend(title=series_key, fontsize=8)
+
+
+def plot_breakdown(spec: Spec, table: pd.DataFrame, target: Path) -> bool:
+    """Per config, mean training time split into waiting for the loader, waiting in the copy and
+    everything else."""
+    if not spec.breakdown:
+        return False
+    plt = pyplot()
+    labels = [" ".join(f"{row[k]}" for k in spec.grid) for _, row in table.iterrows()]
+    compute, wait = table["breakdown.compute_s"].fillna(0), table["breakdown.data_wait_s"].fillna(0)
+    copy = table["breakdown.h2d_wait_s"].fillna(0)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(labels)), 4.2))
+    ax.bar(labels, compute, label="compute (and the rest)")
+    ax.bar(labels, copy, bottom=compute, label="blocked in the host-to-device copy")
+    ax.bar(labels, wait, bottom=compute + copy, label="waiting for the loader (next())")
+    ax.set_ylabel("train time (s), mean over trials")
+    ax.set_xlabel(" / ".join(spec.grid))
+    ax.tick_params(axis="x", labelrotation=90, labelsize=7)
+    ax.set_title(f"{spec.name}: compute vs waiting for data", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, target)
+    plt.close(fig)
+    return True
+
+
+def _save(fig: Any, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=120)

@@ -1,0 +1,117 @@
+"""How a number is written: metric labels and formats, mean ± sd [CI], the paper's values."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+
+
+def fmt_num(v: float) -> str:
+    return "–" if v is None or math.isnan(v) else f"{v:.4g}"
+
+
+def fmt_pct(v: float) -> str:
+    return "–" if v is None or math.isnan(v) else f"{100 * v:.2f}"
+
+
+def fmt_gib(v: float) -> str:
+    return "–" if v is None or math.isnan(v) else f"{v / 2**30:.3g}"
+
+
+METRIC_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
+    "train_time_s": ("train time (s)", fmt_num),
+    "epoch_time_s": ("epoch time (s)", fmt_num),
+    "step_time_median_s": ("median step (s)", fmt_num),
+    "throughput_samples_s": ("throughput (img/s)", fmt_num),
+    "data_wait_fraction": ("data wait, loader next() (%)", fmt_pct),
+    "data_wait_s": ("data wait, loader next() (s)", fmt_num),
+    "h2d_wait_fraction": ("copy wait, host in H2D copy (%)", fmt_pct),
+    "h2d_wait_s": ("copy wait, host in H2D copy (s)", fmt_num),
+    "first_batch_latency_s": ("pre-epoch pause (s)", fmt_num),
+    "h2d_time_s": ("H2D copy on device (s)", fmt_num),
+    "nvml_process_mem_bytes": ("rank GPU mem., NVML (GiB)", fmt_gib),
+    "test_accuracy": ("test acc. (%)", fmt_pct),
+    "peak_mem_bytes": ("peak mem. (GiB)", fmt_gib),
+    "gpu_util_mean": ("GPU util. (%)", fmt_pct),
+    "train_loss": ("train loss", fmt_num),
+    "tokens_per_s_per_gpu": ("tokens/s per GPU", fmt_num),
+    "peak_mem_active_bytes": ("peak active mem. (GiB)", fmt_gib),
+    "peak_mem_reserved_bytes": ("peak reserved mem. (GiB)", fmt_gib),
+    "peak_device_mem_bytes": ("GPU mem. used, NVML (GiB)", fmt_gib),
+    "peak_process_mem_bytes": ("process RSS (GiB)", fmt_gib),
+    "final_loss": ("final loss", fmt_num),
+    "local_page_fraction": ("pages on home node (%)", fmt_pct),
+    "cpus_on_gpu_node_fraction": ("CPUs on GPU's node (%)", fmt_pct),
+}
+
+
+def label(metric: str) -> str:
+    return METRIC_LABELS.get(metric, (metric, fmt_num))[0]
+
+
+def format_metric(metric: str, value: float) -> str:
+    return METRIC_LABELS.get(metric, (metric, fmt_num))[1](value)
+
+
+def mean_sd_ci(row: pd.Series, metric: str) -> str:
+    mean, sd = row[f"{metric}.mean"], row[f"{metric}.std"]
+    if math.isnan(mean):
+        return "–"
+    text = format_metric(metric, mean) + (f" ± {format_metric(metric, sd)}" if not math.isnan(sd) else "")
+    lo, hi = row[f"{metric}.ci_lo"], row[f"{metric}.ci_hi"]
+    if not math.isnan(lo):
+        text += f" [{format_metric(metric, lo)}, {format_metric(metric, hi)}]"
+    return text
+
+
+def with_ci(value: float, lo: float, hi: float, formatter: Callable[[float], str]) -> str:
+    if math.isnan(value):
+        return "–"
+    return formatter(value) + ("" if math.isnan(lo) else f" [{formatter(lo)}, {formatter(hi)}]")
+
+
+def paper_values(values: dict[str, Any]) -> str:
+    parts = []
+    for key, value in values.items():
+        if key == "outcome":
+            parts.append("runs" if value == "runs" else "fails to run")
+            continue
+        lo, hi = value if isinstance(value, tuple) else (value, value)
+        if key == "speedup_x":
+            text, unit = (f"{lo:g}" if lo == hi else f"{lo:g}–{hi:g}"), "x"
+        elif key in ("gain_pct", "time_reduction_pct"):
+            text, unit = (f"{lo:g}" if lo == hi else f"{lo:g}–{hi:g}"), " %"
+        else:
+            a, b = format_metric(key, lo), format_metric(key, hi)
+            parts.append(f"{label(key)} {a if lo == hi else f'{a}–{b}'}")
+            continue
+        parts.append(f"{key.removesuffix('_pct').replace('_', ' ')} {text}{unit}")
+    return "; ".join(parts)
+
+
+# The paper's Nsight metrics (PAPER.md section 5) -> trace summary keys. "CUDA memcpy HtoD" is the
+# GPU-side copy activity; NCCL kernels include ncclDevKernel_AllGather.
+TRACE_COLUMNS: dict[str, tuple[str, str]] = {
+    "HtoD copies (n)": ("memcpy_htod_count", "count"),
+    "HtoD (MiB)": ("memcpy_htod_bytes", "mib"),
+    "HtoD (ms)": ("memcpy_htod_ns", "ms"),
+    "HtoD from pageable (ms)": ("memcpy_htod_pageable_ns", "ms"),
+    "HtoD from pinned (ms)": ("memcpy_htod_pinned_ns", "ms"),
+    "DtoH (ms)": ("memcpy_dtoh_ns", "ms"),
+    "kernels (n)": ("kernel_count", "count"),
+    "kernels (ms)": ("kernel_ns", "ms"),
+    "NCCL kernels (ms)": ("nccl_kernel_ns", "ms"),
+    "cudaLaunchKernel (n)": ("cuda_launch_kernel_count", "count"),
+    "cudaLaunchKernel (ms)": ("cuda_launch_kernel_ns", "ms"),
+    "cudaStreamSynchronize (ms)": ("cuda_stream_synchronize_ns", "ms"),
+    "cudaEventSynchronize (ms)": ("cuda_event_synchronize_ns", "ms"),
+    "cudaEventDestroy (n)": ("cuda_event_destroy_count", "count"),
+    "cudaMemcpyAsync (ms)": ("cuda_memcpy_async_ns", "ms"),
+}
+
+
+UNITS: dict[str, Callable[[float], str]] = {
+    "count": lambda v: f"{v:.0f}", "mib": lambda v: f"{v / 2**20:.4g}", "ms": lambda v: f"{v / 1e6:.4g}"}
