@@ -13,9 +13,12 @@ named (GPUs of the trial, CPU packages), not the wall socket.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MIN_COUNTER_WINDOW_S = 1.0  # NVML's energy counter; RAPL's updates about every millisecond
 RAPL_MIN_WINDOW_S = 0.01
@@ -144,3 +147,129 @@ def cpu_window_energy(domains: Sequence[RaplDomain], start: Sequence[Reading],
     parts = [(domain.name, window_energy(a, b, 1e-6, domain.wraps_at, min_window_s=RAPL_MIN_WINDOW_S))
              for domain, a, b in zip(domains, start, end, strict=True)]
     return total(parts)
+
+
+# --- live meters (context managers, entered with the rank's other samplers) ------------------
+
+class GpuEnergyMeter:
+    """One GPU's energy over the `with` block: NVML's counter read on entry and exit, its power
+    sampled every `period_s` between (the fallback for a window the counter cannot resolve).
+    `uuid=None` (a CPU run) measures nothing and says so."""
+
+    def __init__(self, uuid: str | None, period_s: float = 0.05) -> None:
+        self.uuid, self.period_s = uuid, period_s
+        self.power: list[tuple[float, float]] = []
+        self.reason: str | None = "CPU run: no GPU" if uuid is None else None
+        self._start: Reading | None = None
+        self._end: Reading | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml: Any = None
+        self._handle: Any = None
+
+    def __enter__(self) -> GpuEnergyMeter:
+        if self.uuid is None:
+            return self
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByUUID(self.uuid)
+        except Exception as exc:  # no driver, no library, a MIG device
+            self.reason = f"NVML unavailable: {exc}"
+            return self
+        self._start = self._read()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _read(self) -> Reading | None:
+        try:
+            millijoules = self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
+            return Reading(time.monotonic(), int(millijoules))
+        except Exception as exc:  # before Volta: NVMLError_NotSupported
+            self.reason = f"NVML's energy counter: {exc}"
+            return None
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                watts = self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
+            except Exception:
+                return
+            self.power.append((time.monotonic(), watts))
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._start is not None:
+            self._end = self._read()
+
+    def energy(self) -> Energy:
+        if self._start is None or self._end is None:
+            if len(self.power) >= 2:
+                return Energy(integrate_power(self.power), "integrated power", self.reason)
+            return Energy(None, None, self.reason or "no reading was taken")
+        return window_energy(self._start, self._end, 1e-3, None, self.power)
+
+
+class CpuEnergyMeter:
+    """The CPU packages' energy over the `with` block (RAPL, node level: one meter per node)."""
+
+    def __init__(self, root: Path = POWERCAP) -> None:
+        self.domains, self.reason = rapl_packages(root)
+        self._start: list[Reading] | None = None
+        self._end: list[Reading] | None = None
+
+    def _read(self) -> list[Reading] | None:
+        values, why = read_rapl(self.domains)
+        if values is None:
+            self.reason = why
+            return None
+        now = time.monotonic()
+        return [Reading(now, v) for v in values]
+
+    def __enter__(self) -> CpuEnergyMeter:
+        if self.domains:
+            self._start = self._read()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._start is not None:
+            self._end = self._read()
+
+    def energy(self) -> Energy:
+        if self._start is None or self._end is None:
+            return Energy(None, None, self.reason or "no reading was taken")
+        return cpu_window_energy(self.domains, self._start, self._end)
+
+
+# --- one trial's energy metrics from its ranks ------------------------------------------------
+
+ENERGY_METRICS = ("energy_j", "energy_per_sample_j", "mean_power_w", "cpu_energy_j")
+
+
+def rank_record(gpu: Energy, cpu: Energy | None) -> dict[str, Any]:
+    """What a rank reports: its GPU's energy, and its node's CPU packages' on one rank per node."""
+    return {"gpu_energy_j": gpu.joules, "gpu_energy_source": gpu.source, "gpu_energy_reason": gpu.reason,
+            "cpu_energy_j": cpu.joules if cpu else None, "cpu_energy_reason": cpu.reason if cpu else None,
+            "measures_cpu": cpu is not None}
+
+
+def trial_metrics(ranks: Sequence[dict[str, Any]], samples: float, seconds: float
+                  ) -> tuple[dict[str, float | None], dict[str, str]]:
+    """energy_j (every trial GPU), energy_per_sample_j, mean_power_w (over `seconds`) and
+    cpu_energy_j (every node's packages), with why each null one is null."""
+    unrecorded = "the rank recorded no energy"
+    gpu = total([(f"rank {r.get('rank', i)}", Energy(r.get("gpu_energy_j"), r.get("gpu_energy_source"),
+                                              r.get("gpu_energy_reason", unrecorded)))
+                 for i, r in enumerate(ranks)])
+    cpu = total([(f"rank {r.get('rank', i)}", Energy(r["cpu_energy_j"], "counter", r["cpu_energy_reason"]))
+                 for i, r in enumerate(ranks) if r.get("measures_cpu")])
+    metrics = {"energy_j": gpu.joules, "energy_per_sample_j": per_unit(gpu.joules, samples),
+               "mean_power_w": mean_power(gpu.joules, seconds), "cpu_energy_j": cpu.joules}
+    reasons = {k: str(gpu.reason) for k in ENERGY_METRICS[:3] if metrics[k] is None}
+    if cpu.joules is None:
+        reasons["cpu_energy_j"] = str(cpu.reason)
+    return metrics, reasons

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,40 @@ def test_no_rapl_is_a_reason(tmp_path: Path) -> None:
 def test_this_machine_says_why_when_it_has_no_rapl() -> None:
     domains, why = energy.rapl_packages()
     assert bool(domains) != bool(why)  # either domains to read or the reason there are none
+
+
+def test_a_cpu_run_measures_no_gpu_energy_and_says_why() -> None:
+    with energy.GpuEnergyMeter(None) as meter:
+        pass
+    assert meter.energy() == Energy(None, None, "CPU run: no GPU")
+
+
+def test_the_cpu_meter_reads_a_powercap_tree(tmp_path: Path) -> None:
+    root = powercap(tmp_path, {"intel-rapl:0": ("package-0", 1_000_000, 2**32)})
+    with energy.CpuEnergyMeter(root) as meter:
+        (root / "intel-rapl:0" / "energy_uj").write_text("3500000\n")  # 2.5 J later
+        time.sleep(energy.RAPL_MIN_WINDOW_S)  # RAPL updates about every millisecond
+    assert meter.energy().joules == pytest.approx(2.5)
+    with energy.CpuEnergyMeter(tmp_path / "none") as absent:
+        pass
+    assert absent.energy().joules is None and "does not exist" in str(absent.energy().reason)
+
+
+def test_a_trial_sums_its_gpus_and_its_nodes_packages() -> None:
+    ranks = [{"rank": 0, **energy.rank_record(Energy(300.0, "counter"), Energy(50.0, "counter"))},
+             {"rank": 1, **energy.rank_record(Energy(310.0, "counter"), None)}]  # same node
+    metrics, reasons = energy.trial_metrics(ranks, samples=6000, seconds=2.0)
+    assert metrics == pytest.approx({"energy_j": 610.0, "energy_per_sample_j": 610.0 / 6000,
+                                     "mean_power_w": 305.0, "cpu_energy_j": 50.0})
+    assert reasons == {}
+
+
+def test_a_cpu_trial_records_every_energy_as_null_with_its_reason() -> None:
+    ranks = [{"rank": r, **energy.rank_record(Energy(None, None, "CPU run: no GPU"),
+                                              Energy(None, None, "no RAPL package domain") if r == 0
+                                              else None)} for r in range(2)]
+    metrics, reasons = energy.trial_metrics(ranks, samples=100, seconds=1.0)
+    assert set(metrics.values()) == {None}
+    no_gpu = "rank 0: CPU run: no GPU"
+    assert reasons == {"energy_j": no_gpu, "energy_per_sample_j": no_gpu, "mean_power_w": no_gpu,
+                       "cpu_energy_j": "rank 0: no RAPL package domain"}

@@ -43,7 +43,7 @@ import torchvision  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 
-from multicard import artifact, devices, numa, params, precision  # noqa: E402
+from multicard import artifact, devices, energy, numa, params, precision  # noqa: E402
 from multicard.data import mnist, scenario_b  # noqa: E402
 from multicard.launch import DROPPED_ENV, die_with_agent  # noqa: E402
 from multicard.loaders import LOADERS, LoaderConfig  # noqa: E402
@@ -175,10 +175,14 @@ def main(argv: list[str] | None = None) -> None:
     samples = 0
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     util = GpuUtilSampler(uuid)
+    # each rank its GPU's energy; the first rank of a node its CPU packages' (node level)
+    gpu_energy = energy.GpuEnergyMeter(uuid)
+    cpu_energy = energy.CpuEnergyMeter() if local_rank == 0 else None
     with ExitStack() as sampling:
         sampling.enter_context(failure_named(args.out, rank, loader))
         # samplers first, then the barrier: every rank's clock starts right after it
-        t_train = start_together([util], dist.barrier, sampling)
+        t_train = start_together([util, gpu_energy, *([cpu_energy] if cpu_energy else [])],
+                                 dist.barrier, sampling)
         timeline["clock_start"] = time.time()
         tracer.start()
         for epoch in range(args.epochs):
@@ -244,6 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         "loss_mean": loss_sum.item() / max(1, args.epochs * steps_per_epoch),
         **memory,
         "gpu_util_mean": util.mean(),
+        **energy.rank_record(gpu_energy.energy(), cpu_energy.energy() if cpu_energy else None),
         "host": os.uname().nodename,
         "pid": os.getpid(),
         "gpu_uuid": uuid,
@@ -405,7 +410,14 @@ def combine_ranks(ranks: list[dict[str, Any]], test_accuracy: float | None) -> d
         "train_loss": statistics.fmean(r["loss_mean"] for r in ranks),
         "local_page_fraction": mean_of("local_page_fraction"),
         "cpus_on_gpu_node_fraction": mean_of("cpus_on_gpu_node_fraction"),
+        **trial_energy(ranks)[0],
     }
+
+
+def trial_energy(ranks: list[dict[str, Any]]) -> tuple[dict[str, float | None], dict[str, str]]:
+    """Energy over the timed epochs: every GPU's, per image, mean power; the nodes' CPU packages."""
+    return energy.trial_metrics(ranks, sum(r["samples"] for r in ranks),
+                                max(r["train_time_s"] for r in ranks))
 
 
 UNMEASURED_ON_CPU = {
@@ -417,7 +429,7 @@ UNMEASURED_ON_CPU = {
 
 def unmeasured(ranks: list[dict[str, Any]]) -> dict[str, str]:
     """Why each metric that is null could not be measured (DESIGN: null with a reason, never 0)."""
-    reasons = {}
+    reasons = trial_energy(ranks)[1]
     if all(r["gpu_uuid"] is None for r in ranks):
         reasons |= UNMEASURED_ON_CPU
     else:

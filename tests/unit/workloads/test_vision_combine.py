@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from multicard import energy
+from multicard.energy import Energy
 from multicard.workloads.vision import combine_ranks, unmeasured
 
 
@@ -41,6 +43,22 @@ def test_the_wait_for_the_loader_and_the_wait_for_the_copy_stay_apart() -> None:
 def test_what_was_not_measured_says_why() -> None:
     cpu = [rank(1.0, [1.0], [0.1], 0.1, 1, 1, [0.1])]
     assert unmeasured(cpu)["gpu_util_mean"] == "CPU run: no GPU to sample"
+    measured = energy.rank_record(Energy(300.0, "counter"), Energy(40.0, "counter"))
     gpu = [{**cpu[0], "gpu_uuid": "GPU-1", "h2d_time_s": 0.2, "gpu_util_mean": 0.9,
-            "nvml_process_mem_reason": "NVML lists no process with this PID on the GPU"}]
+            "nvml_process_mem_reason": "NVML lists no process with this PID on the GPU", **measured}]
     assert unmeasured(gpu) == {"nvml_process_mem_bytes": "NVML lists no process with this PID on the GPU"}
+
+
+def test_energy_is_summed_over_ranks_per_image_and_null_with_a_reason_on_cpu() -> None:
+    ranks = [{**rank(2.0, [2.0], [0.1], 0.1, 300, 1, [0.1]), "rank": r, "gpu_uuid": f"GPU-{r}",
+              **energy.rank_record(Energy(250.0, "counter"), Energy(60.0, "counter") if r == 0 else None)}
+             for r in range(2)]
+    metrics = combine_ranks(ranks, None)
+    assert metrics["energy_j"] == 500.0 and metrics["energy_per_sample_j"] == pytest.approx(500 / 600)
+    assert metrics["mean_power_w"] == 250.0 and metrics["cpu_energy_j"] == 60.0
+    cpu = [{**rank(2.0, [2.0], [0.1], 0.1, 300, 1, [0.1]), "rank": 0,
+            **energy.rank_record(Energy(None, None, "CPU run: no GPU"),
+                                 Energy(None, None, "no RAPL package domain"))}]
+    assert combine_ranks(cpu, None)["energy_j"] is None
+    assert unmeasured(cpu)["energy_per_sample_j"] == "rank 0: CPU run: no GPU"
+    assert unmeasured(cpu)["cpu_energy_j"] == "rank 0: no RAPL package domain"
