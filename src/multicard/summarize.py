@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from multicard import cost, stats
+from multicard import cost, ladder, stats
 from multicard import spec as specmod
 from multicard.spec import Spec
 
@@ -121,6 +121,7 @@ def config_table(spec: Spec, trials: pd.DataFrame, failed: pd.DataFrame) -> pd.D
             summary = stats.summarize(mine[metric].dropna().tolist())
             row |= {f"{metric}.{f}": getattr(summary, f) for f in SUMMARY_FIELDS}
         row |= _speedup(spec, trials, config, mine)
+        row |= bound(spec, trials, config, mine)
         ordered = mine.sort_values("trial")[spec.primary].dropna().tolist() if len(mine) else []
         steadiness = stats.stability(ordered)
         row |= {"stability.iqr": steadiness.iqr_over_median, "stability.max": steadiness.max_over_median,
@@ -163,6 +164,26 @@ def _speedup(spec: Spec, trials: pd.DataFrame, config: dict[str, Any],
         "gain": stats.gain(ratio.value), "gain.lo": stats.gain(ratio.ci_lo),
         "gain.hi": stats.gain(ratio.ci_hi),
     }
+
+
+CEILING_LOADER = "synthetic"  # batches made on the device: no loading, the compute ceiling
+
+
+def bound(spec: Spec, trials: pd.DataFrame, config: dict[str, Any], mine: pd.DataFrame) -> dict[str, Any]:
+    """Whether a config is data-bound: its images/s against its twin with the synthetic loader
+    (same settings otherwise), with the ratio's interval (multicard.ladder). Only where the
+    grid has the synthetic loader; the twin itself is the `ceiling`."""
+    loaders = spec.grid.get("loader", [])
+    if CEILING_LOADER not in loaders or "throughput_samples_s" not in trials:
+        return {}
+    if config.get("loader") == CEILING_LOADER:
+        return {"bound": "ceiling"}
+    twin = {**config, "loader": CEILING_LOADER}
+    twin_id = next((cid for cid, c, _ in specmod.configs(spec) if c == twin), None)
+    ceiling = trials[trials["config_id"] == twin_id]["throughput_samples_s"].dropna().tolist()
+    found = ladder.classify(mine["throughput_samples_s"].dropna().tolist(), ceiling)
+    return {"bound": found.label, "bound.ratio": found.ratio, "bound.lo": found.ci_lo,
+            "bound.hi": found.ci_hi}
 
 
 def _traced(records: Iterable[dict[str, Any]], spec: Spec) -> list[dict[str, Any]]:

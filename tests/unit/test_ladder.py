@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pandas as pd
 import pytest
 
-from multicard import ladder
+from multicard import ladder, spec, summarize
+from multicard.report.tables import display_table
+from tests.helpers import TINY_FIXED, write_spec
 
 
 @pytest.mark.parametrize(("ci", "expected"), [
@@ -32,3 +37,19 @@ def test_the_label_is_rarely_wrong_when_the_loader_costs_nothing() -> None:
     wrong = sum(ladder.classify(1000 * rng.lognormal(0, 0.03, 5), 1000 * rng.lognormal(0, 0.03, 5)).label
                 in ("data-bound", "mixed") for _ in range(2000))
     assert wrong / 2000 < 0.03
+
+
+def test_a_loader_table_says_which_configs_are_data_bound(tmp_path: Path) -> None:
+    fixed = {**TINY_FIXED, "scenario": "b"}
+    s = spec.load(write_spec(tmp_path, fixed=fixed, grid={"loader": ["torch", "dali", "synthetic"]}))
+    ids = {c["loader"]: cid for cid, c, _ in spec.configs(s)}
+    rates = {"torch": [500, 505, 495], "dali": [970, 990, 1000], "synthetic": [1000, 1010, 990]}
+    trials = pd.DataFrame([{"loader": loader, "config_id": ids[loader], "trial": t,
+                            **dict.fromkeys(s.metrics, float("nan")), "throughput_samples_s": float(v)}
+                           for loader, values in rates.items() for t, v in enumerate(values)])
+    empty = pd.DataFrame(columns=["config_id", "status", "error_type"])
+    table = summarize.config_table(s, trials, empty)
+    assert table.set_index("loader")["bound"].to_dict() == {
+        "torch": "data-bound", "dali": "compute-bound", "synthetic": "ceiling"}
+    shown = display_table(s, table)["bound: real / synthetic img/s [95% CI]"].tolist()
+    assert shown[0].startswith("data-bound (0.5 [") and shown[2] == "ceiling"

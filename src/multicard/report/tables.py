@@ -13,6 +13,7 @@ from multicard import artifact
 from multicard.report.formatting import (
     TRACE_COLUMNS,
     UNITS,
+    fmt_num,
     fmt_pct,
     format_metric,
     label,
@@ -46,11 +47,20 @@ def display_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
                 with_ci(r[key], r[f"{key}.lo"], r[f"{key}.hi"], formatter)
                 + (" (Fieller)" if r.get("speedup.method") == "fieller" else "")
                 for _, r in table.iterrows()]
+    if "bound" in table:
+        out["bound: real / synthetic img/s [95% CI]"] = [bound_text(r) for _, r in table.iterrows()]
     out["paper"] = [paper_values(v) for v in table["paper"]]
     out["failed (cause)"] = [f"{n} ({', '.join(c)})" if n else "0"
                              for n, c in zip(table["failed"], table["failure_causes"], strict=True)]
     out["warnings"] = ["; ".join(warning_texts(spec, r)) or "–" for _, r in table.iterrows()]
     return out
+
+
+def bound_text(row: pd.Series) -> str:
+    """"data-bound (0.52 [0.49, 0.55])"; the synthetic loader's own row is the ceiling."""
+    if row["bound"] == "ceiling":
+        return "ceiling"
+    return f"{row['bound']} ({with_ci(row['bound.ratio'], row['bound.lo'], row['bound.hi'], fmt_num)})"
 
 
 def warning_texts(spec: Spec, row: pd.Series) -> list[str]:
