@@ -13,15 +13,18 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def stat_cpu_seconds(stat_text: str, ticks: int = CLOCK_TICKS) -> float:
-    """utime + stime of one /proc/<pid>/stat line, in seconds. The fields after the command's
-    closing parenthesis (which may itself hold spaces and parentheses): utime is the 12th."""
+def stat_cpu_seconds(stat_text: str, ticks: int = CLOCK_TICKS, reaped: bool = False) -> float:
+    """utime + stime of one /proc/<pid>/stat line, in seconds (`reaped`: cutime + cstime, the
+    children it has waited for). The fields after the command's closing parenthesis (which may
+    itself hold spaces and parentheses): utime is the 12th."""
     fields = stat_text.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / ticks
+    first = 13 if reaped else 11
+    return (int(fields[first]) + int(fields[first + 1])) / ticks
 
 
 def cpu_seconds(pids: Sequence[int]) -> tuple[float | None, str | None]:
@@ -63,3 +66,57 @@ def stray_contexts(trains_on: Mapping[int, str],
             if own is not None and own != gpu:
                 found.append(StrayContext(pid, gpu, used, own))
     return found
+
+
+class RankUsage:
+    """CPU seconds of a rank (its own threads: DALI's, pin_memory's) and of its loader workers
+    over the `with` block, and the CPUs each may run on, read by `snapshot` while the workers
+    live. A worker that ended in the block (non-persistent workers end every epoch) is counted
+    through the rank's reaped-children times."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.affinity: dict[str, Any] = {}
+        self.reason: str | None = None
+        self._start: tuple[float, float] | None = None
+        self._end: tuple[float, float] | None = None
+
+    def _times(self) -> tuple[float, float] | None:
+        from multicard import telemetry
+
+        try:
+            own_text = Path(f"/proc/{self.pid}/stat").read_text()
+            workers = stat_cpu_seconds(own_text, reaped=True)
+            for pid in set(telemetry.process_tree(self.pid)) - {self.pid}:
+                workers += stat_cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
+        except FileNotFoundError:  # a worker that ended between the listing and the read
+            return self._times()
+        except (OSError, IndexError, ValueError) as exc:
+            self.reason = f"/proc: {exc}"
+            return None
+        return stat_cpu_seconds(own_text), workers
+
+    def __enter__(self) -> RankUsage:
+        self._start = self._times()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._end = self._times()
+
+    def snapshot(self) -> None:
+        """The CPUs the rank and each live worker may run on (pytorch#101850: they can change)."""
+        from multicard import telemetry
+
+        workers = sorted(set(telemetry.process_tree(self.pid)) - {self.pid})
+        self.affinity = {"rank": affinity(self.pid),
+                         "workers": {str(pid): affinity(pid) for pid in workers}}
+
+    def record(self, seconds: float) -> dict[str, Any]:
+        """rank_cpu_s, workers_cpu_s and their mean CPU use in cores over `seconds`."""
+        if self._start is None or self._end is None:
+            return {"rank_cpu_s": None, "workers_cpu_s": None, "cpu_cores_mean": None,
+                    "cpu_reason": self.reason or "not read", "affinity": self.affinity}
+        rank, workers = (end - start for start, end in zip(self._start, self._end, strict=True))
+        return {"rank_cpu_s": rank, "workers_cpu_s": workers,
+                "cpu_cores_mean": (rank + workers) / seconds if seconds > 0 else None,
+                "cpu_reason": None, "affinity": self.affinity}

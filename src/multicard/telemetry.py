@@ -115,6 +115,28 @@ def rank_device_bytes(gpu: devices.GpuIdentity) -> tuple[int | None, str | None]
         pynvml.nvmlShutdown()
 
 
+def processes_on_gpus() -> tuple[dict[str, Processes] | None, str | None]:
+    """NVML's compute processes of every GPU of the machine (UUID -> (pid, bytes)), or None
+    and why not."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # no driver or library
+        return None, f"NVML unavailable: {exc}"
+    try:
+        found = {}
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            found[uuid.decode() if isinstance(uuid, bytes) else str(uuid)] = _nvml_processes(pynvml, handle)
+        return found, None
+    except pynvml.NVMLError as exc:
+        return None, f"NVML: {exc}"
+    finally:
+        pynvml.nvmlShutdown()
+
+
 # what TrialMemorySampler measures from outside a trial
 SAMPLED_METRICS = ("peak_process_mem_bytes", "peak_device_mem_bytes")
 

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -31,3 +33,23 @@ def test_a_rank_holding_memory_on_another_gpu_is_a_stray_context() -> None:
             "GPU-b": [(20, 8 << 30), (21, None)]}
     assert resources.stray_contexts(trains_on, held) == [StrayContext(20, "GPU-a", 500 << 20, "GPU-b")]
     assert resources.stray_contexts(trains_on, {"GPU-a": [(10, 1)], "GPU-b": [(20, 1)]}) == []
+
+
+def test_reaped_children_have_their_own_fields() -> None:
+    assert resources.stat_cpu_seconds(STAT, ticks=100, reaped=True) == 0.0  # cutime, cstime: 0 0
+
+
+def test_a_rank_counts_its_workers_even_the_ended_ones() -> None:
+    burn = [sys.executable, "-c",
+            "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"]
+    with resources.RankUsage() as usage:
+        live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        subprocess.run(burn, check=True)  # a worker that ends (and is reaped) inside the block
+        usage.snapshot()
+    live.kill()
+    live.wait()
+    found = usage.record(seconds=1.0)
+    assert found["workers_cpu_s"] >= 0.3 and found["rank_cpu_s"] >= 0
+    assert found["cpu_cores_mean"] == pytest.approx(found["rank_cpu_s"] + found["workers_cpu_s"])
+    assert found["affinity"]["rank"] == sorted(os.sched_getaffinity(0))
+    assert found["affinity"]["workers"][str(live.pid)] == sorted(os.sched_getaffinity(0))

@@ -43,7 +43,7 @@ import torchvision  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 
-from multicard import artifact, devices, energy, numa, params, precision  # noqa: E402
+from multicard import artifact, devices, energy, numa, params, precision, resources, telemetry  # noqa: E402
 from multicard.data import mnist, scenario_b  # noqa: E402
 from multicard.launch import DROPPED_ENV, die_with_agent  # noqa: E402
 from multicard.loaders import LOADERS, LoaderConfig  # noqa: E402
@@ -178,10 +178,11 @@ def main(argv: list[str] | None = None) -> None:
     # each rank its GPU's energy; the first rank of a node its CPU packages' (node level)
     gpu_energy = energy.GpuEnergyMeter(uuid)
     cpu_energy = energy.CpuEnergyMeter() if local_rank == 0 else None
+    usage = resources.RankUsage()  # CPU seconds of the rank and its workers, their affinity
     with ExitStack() as sampling:
         sampling.enter_context(failure_named(args.out, rank, loader))
         # samplers first, then the barrier: every rank's clock starts right after it
-        t_train = start_together([util, gpu_energy, *([cpu_energy] if cpu_energy else [])],
+        t_train = start_together([util, gpu_energy, usage, *([cpu_energy] if cpu_energy else [])],
                                  dist.barrier, sampling)
         timeline["clock_start"] = time.time()
         tracer.start()
@@ -193,8 +194,10 @@ def main(argv: list[str] | None = None) -> None:
             span_start = time.perf_counter()
             for step in range(steps_per_epoch):
                 clock.mark()
-                if probe and epoch == 0 and step == steps_per_epoch // 2:
-                    probe.start()  # mid-epoch: the workers are alive and have touched their data
+                if epoch == 0 and step == steps_per_epoch // 2:
+                    usage.snapshot()  # mid-epoch: the workers are alive
+                    if probe:
+                        probe.start()  # and have touched their data
                 # The first wait counts from the epoch start: worker start-up is the pause.
                 images, labels, _ = timer.next_batch(batches, loader.to_device,
                                                      t_epoch if step == 0 else None, tracer.range)
@@ -221,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     timeline["train_done"] = time.time()
     # memory at the end of training: evaluation's larger batches must not set the peak
     memory = end_of_training_memory(device, uuid)
+    strays = stray_contexts(uuid)
 
     accuracy, test_images = None, None
     if args.mode == "train":
@@ -249,6 +253,8 @@ def main(argv: list[str] | None = None) -> None:
         **memory,
         "gpu_util_mean": util.mean(),
         **energy.rank_record(gpu_energy.energy(), cpu_energy.energy() if cpu_energy else None),
+        **usage.record(train_time),
+        **strays,
         "host": os.uname().nodename,
         "pid": os.getpid(),
         "gpu_uuid": uuid,
@@ -411,7 +417,23 @@ def combine_ranks(ranks: list[dict[str, Any]], test_accuracy: float | None) -> d
         "local_page_fraction": mean_of("local_page_fraction"),
         "cpus_on_gpu_node_fraction": mean_of("cpus_on_gpu_node_fraction"),
         **trial_energy(ranks)[0],
+        **trial_resources(ranks, train_time),
     }
+
+
+def trial_resources(ranks: list[dict[str, Any]], train_time: float) -> dict[str, Any]:
+    """CPU the trial burned over its timed epochs (ranks with their threads, plus loader
+    workers), as seconds and mean cores, and how many stray CUDA contexts its ranks held."""
+    cpu = [(r.get("rank_cpu_s"), r.get("workers_cpu_s")) for r in ranks]
+    known = all(a is not None and b is not None for a, b in cpu)
+    rank_s = sum(a for a, _ in cpu if a is not None) if known else None
+    workers_s = sum(b for _, b in cpu if b is not None) if known else None
+    strays = [r.get("stray_contexts") for r in ranks]
+    return {"rank_cpu_s": rank_s, "workers_cpu_s": workers_s,
+            "cpu_cores_mean": (rank_s + workers_s) / train_time
+            if rank_s is not None and workers_s is not None and train_time > 0 else None,
+            "stray_contexts": sum(len(s) for s in strays if s is not None)
+            if all(s is not None for s in strays) else None}
 
 
 def trial_energy(ranks: list[dict[str, Any]]) -> tuple[dict[str, float | None], dict[str, str]]:
@@ -430,6 +452,14 @@ UNMEASURED_ON_CPU = {
 def unmeasured(ranks: list[dict[str, Any]]) -> dict[str, str]:
     """Why each metric that is null could not be measured (DESIGN: null with a reason, never 0)."""
     reasons = trial_energy(ranks)[1]
+    cpu_why = next((r.get("cpu_reason") or "the rank recorded no CPU time" for r in ranks
+                    if r.get("rank_cpu_s") is None), None)
+    if cpu_why:
+        reasons |= dict.fromkeys(("rank_cpu_s", "workers_cpu_s", "cpu_cores_mean"), cpu_why)
+    stray_why = next((r.get("stray_contexts_reason") or "not recorded" for r in ranks
+                      if r.get("stray_contexts") is None), None)
+    if stray_why:
+        reasons["stray_contexts"] = stray_why
     if all(r["gpu_uuid"] is None for r in ranks):
         reasons |= UNMEASURED_ON_CPU
     else:
@@ -441,6 +471,23 @@ def unmeasured(ranks: list[dict[str, Any]]) -> dict[str, str]:
         if all(r["h2d_time_s"] is None for r in ranks):
             reasons["h2d_time_s"] = "the loader copies inside its own pipeline (DALI) or not at all"
     return reasons
+
+
+def stray_contexts(uuid: str | None) -> dict[str, Any]:
+    """Memory this rank or its workers hold on a GPU other than its own (a stray CUDA context,
+    e.g. pin_memory's on GPU 0), from NVML's process lists of every GPU; None and why where
+    they cannot be read."""
+    if uuid is None:
+        return {"stray_contexts": None, "stray_contexts_reason": "CPU run: no GPU"}
+    held, why = telemetry.processes_on_gpus()
+    if held is None:
+        return {"stray_contexts": None, "stray_contexts_reason": why}
+    mine = {os.getpid(), *telemetry.process_tree(os.getpid())}
+    if not any(pid in mine for processes in held.values() for pid, _ in processes):
+        return {"stray_contexts": None, "stray_contexts_reason": "NVML lists none of this rank's "
+                "processes (a container's PID namespace hides the host PIDs NVML reports)"}
+    found = resources.stray_contexts(dict.fromkeys(mine, uuid), held)
+    return {"stray_contexts": [vars(f) for f in found], "stray_contexts_reason": None}
 
 
 def end_of_training_memory(device: torch.device, uuid: str | None) -> dict[str, Any]:

@@ -43,7 +43,8 @@ def test_the_wait_for_the_loader_and_the_wait_for_the_copy_stay_apart() -> None:
 def test_what_was_not_measured_says_why() -> None:
     cpu = [rank(1.0, [1.0], [0.1], 0.1, 1, 1, [0.1])]
     assert unmeasured(cpu)["gpu_util_mean"] == "CPU run: no GPU to sample"
-    measured = energy.rank_record(Energy(300.0, "counter"), Energy(40.0, "counter"))
+    measured = {**energy.rank_record(Energy(300.0, "counter"), Energy(40.0, "counter")),
+                "rank_cpu_s": 3.0, "workers_cpu_s": 1.0, "stray_contexts": []}
     gpu = [{**cpu[0], "gpu_uuid": "GPU-1", "h2d_time_s": 0.2, "gpu_util_mean": 0.9,
             "nvml_process_mem_reason": "NVML lists no process with this PID on the GPU", **measured}]
     assert unmeasured(gpu) == {"nvml_process_mem_bytes": "NVML lists no process with this PID on the GPU"}
@@ -62,3 +63,18 @@ def test_energy_is_summed_over_ranks_per_image_and_null_with_a_reason_on_cpu() -
     assert combine_ranks(cpu, None)["energy_j"] is None
     assert unmeasured(cpu)["energy_per_sample_j"] == "rank 0: CPU run: no GPU"
     assert unmeasured(cpu)["cpu_energy_j"] == "rank 0: no RAPL package domain"
+
+
+def test_cpu_time_adds_up_over_ranks_and_stray_contexts_are_counted() -> None:
+    base = rank(2.0, [2.0], [0.1], 0.1, 10, 1, [0.1])
+    stray = {"pid": 7, "gpu": "GPU-0", "bytes": 500 << 20, "trains_on": "GPU-1"}
+    ranks = [{**base, "rank_cpu_s": 3.0, "workers_cpu_s": 5.0, "stray_contexts": []},
+             {**base, "rank_cpu_s": 2.0, "workers_cpu_s": 4.0, "stray_contexts": [stray]}]
+    metrics = combine_ranks(ranks, None)
+    assert (metrics["rank_cpu_s"], metrics["workers_cpu_s"], metrics["cpu_cores_mean"]) == (5.0, 9.0, 7.0)
+    assert metrics["stray_contexts"] == 1
+    cpu = [{**base, "rank_cpu_s": None, "cpu_reason": "/proc: gone",
+            "stray_contexts": None, "stray_contexts_reason": "CPU run: no GPU"}]
+    assert combine_ranks(cpu, None)["cpu_cores_mean"] is None
+    assert unmeasured(cpu)["cpu_cores_mean"] == "/proc: gone"
+    assert unmeasured(cpu)["stray_contexts"] == "CPU run: no GPU"
