@@ -206,6 +206,15 @@ VISION_METRICS: tuple[str, ...] = (
     "train_loss",
     "local_page_fraction",
     "cpus_on_gpu_node_fraction",
+    # energy over the timed epochs (multicard.energy) and what the CPU did (multicard.resources)
+    "energy_j",
+    "energy_per_sample_j",
+    "mean_power_w",
+    "cpu_energy_j",
+    "rank_cpu_s",
+    "workers_cpu_s",
+    "cpu_cores_mean",
+    "stray_contexts",
 )
 
 LLM_METRICS: tuple[str, ...] = (

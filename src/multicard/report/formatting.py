@@ -45,6 +45,14 @@ METRIC_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "final_loss": ("final loss", fmt_num),
     "local_page_fraction": ("pages on home node (%)", fmt_pct),
     "cpus_on_gpu_node_fraction": ("CPUs on GPU's node (%)", fmt_pct),
+    "energy_j": ("GPU energy (J)", fmt_num),
+    "energy_per_sample_j": ("GPU energy per image (mJ)", lambda v: fmt_num(v * 1e3)),
+    "mean_power_w": ("mean GPU power (W)", fmt_num),
+    "cpu_energy_j": ("CPU package energy (J)", fmt_num),
+    "rank_cpu_s": ("rank CPU time (s)", fmt_num),
+    "workers_cpu_s": ("loader workers' CPU time (s)", fmt_num),
+    "cpu_cores_mean": ("CPU cores busy (mean)", fmt_num),
+    "stray_contexts": ("stray CUDA contexts", fmt_num),
 }
 
 
