@@ -144,6 +144,8 @@ def trial_checks(run_dir: Path, part: str) -> list[dict[str, Any]]:
             row["step_clock_vs_wall"] = step_clock_agreement(result)
             row["tf32_as_set"] = tf32_as_set(str(record["config"].get(
                 "precision", result.get("precision", ""))), result) if part == "precision" else None
+            row["energy_per_sample_j"] = record["metrics"].get("energy_per_sample_j")
+            row["energy_reason"] = record.get("unmeasured", {}).get("energy_per_sample_j")
             if record.get("trace_metrics"):
                 row["trace_kernels"] = sum(int(s.get("kernel_count", 0))
                                            for s in record["trace_metrics"].values())
@@ -263,7 +265,25 @@ def summarize_checks(rows: list[dict[str, Any]], loops: dict[str, Any],
         **loops,
         "multicard / plain loop": ratio(multicard_images_s, loops.get("plain_loop_images_s")),
         "multicard / timm": ratio(multicard_images_s, loops.get("timm_images_s")),
+        "energy_per_sample_j": energy_by_precision(rows),
     }
+
+
+def energy_by_precision(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean GPU energy per image of each precision's ok trials, or why there is none."""
+    found: dict[str, Any] = {}
+    for row in rows:
+        if row["part"] != "precision" or row["status"] != "ok":
+            continue
+        found.setdefault(row["precision"], []).append(row)
+    return {name: statistics.fmean(values) if (values := [r["energy_per_sample_j"] for r in trials
+                                                          if r["energy_per_sample_j"] is not None])
+            else f"not measured: {trials[0]['energy_reason']}" for name, trials in found.items()}
+
+
+def energy_text(by_precision: dict[str, Any]) -> str:
+    return "; ".join(f"{name} {value * 1e3:.4g} mJ" if isinstance(value, float) else f"{name} {value}"
+                     for name, value in by_precision.items()) or "no precision trial ran"
 
 
 def write_checks(out: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
@@ -283,7 +303,8 @@ def write_checks(out: Path, rows: list[dict[str, Any]], summary: dict[str, Any])
              f"{_num(summary['multicard_images_s'])} images/s; plain loop "
              f"{_num(summary['plain_loop_images_s'])}; timm {_num(summary.get('timm_images_s'))}",
              f"- multicard / plain loop: {_num(summary['multicard / plain loop'])}; multicard / timm: "
-             f"{_num(summary['multicard / timm'])}", "",
+             f"{_num(summary['multicard / timm'])}",
+             f"- GPU energy per image by precision: {energy_text(summary['energy_per_sample_j'])}", "",
              "Per trial: `tables/device_check.md`; all numbers: `device_check.json`.", ""]
     with (out / "REPORT.md").open("a", encoding="utf-8") as f:
         f.write("\n".join(lines))
@@ -403,6 +424,7 @@ def check(argv: list[str] | None) -> int:
           f"({_num(summary['multicard_images_s'])} vs {_num(loops['plain_loop_images_s'])} images/s)")
     print(f"multicard / timm: {_num(summary['multicard / timm'])}"
           + (f" ({loops['timm_unavailable']})" if loops.get("timm_unavailable") else ""))
+    print(f"GPU energy per image by precision: {energy_text(summary['energy_per_sample_j'])}")
     print(f"step clock vs wall clock: largest deviation {_pct(summary['step_clock_vs_wall_max'])}; "
           f"TF32 as set: {summary['tf32_flags_as_set']}")
     print(f"device check: {summary['ok']}/{summary['trials']} trials ok, parts skipped: "

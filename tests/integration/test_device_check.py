@@ -57,5 +57,9 @@ def test_the_check_runs_on_cpu_into_a_verifiable_run(tmp_path: Path) -> None:
     assert summary["trials"] == summary["ok"] == 11
     assert summary["tf32_flags_as_set"] is True and summary["step_clock_within_tolerance"] is True
     assert summary["multicard / plain loop"] > 0
+    # on CPU there is no GPU energy: every precision says so, none is 0
+    assert summary["energy_per_sample_j"] == dict.fromkeys(
+        ("fp64", "fp32", "tf32", "fp16", "bf16"), "not measured: rank 0: CPU run: no GPU")
+    assert "GPU energy per image by precision: fp64 not measured: rank 0: CPU run: no GPU" in done.stdout
     assert "## Device check" in (out / "REPORT.md").read_text()
     assert artifact.verify(out).ok
