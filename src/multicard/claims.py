@@ -119,19 +119,20 @@ def results_of(spec: Spec, records: list[dict[str, Any]]) -> Results:
 # --- loading -----------------------------------------------------------------------------------
 
 FILE_NAME = "claims.toml"
+QUESTIONS_FILE = "energy_questions.toml"  # the artifact's own questions, answered the same way
 SETTINGS = frozenset(name for table in WORKLOAD_PARAMS.values() for name in table)
 METRICS = frozenset(m for metrics in WORKLOAD_METRICS.values() for m in metrics) | frozenset(
     f"trace.{key}" for key in empty_summary("") if key not in ("format", "epoch_pauses_ns"))
 TRACE_METRICS = frozenset(m.removeprefix("trace.") for m in METRICS if m.startswith("trace."))
 
 
-def default_file() -> Path:
-    """experiments/claims.toml of the working directory (the image's /opt/multicard), else of the
-    source checkout; $MULTICARD_CLAIMS names another."""
-    if env := os.environ.get("MULTICARD_CLAIMS"):
+def default_file(name: str = FILE_NAME) -> Path:
+    """experiments/<name> of the working directory (the image's /opt/multicard), else of the
+    source checkout; $MULTICARD_CLAIMS names another claims file."""
+    if name == FILE_NAME and (env := os.environ.get("MULTICARD_CLAIMS")):
         return Path(env)
-    here = Path.cwd() / "experiments" / FILE_NAME
-    return here if here.is_file() else Path(__file__).resolve().parents[2] / "experiments" / FILE_NAME
+    here = Path.cwd() / "experiments" / name
+    return here if here.is_file() else Path(__file__).resolve().parents[2] / "experiments" / name
 
 
 def load(path: Path) -> list[Claim]:

@@ -162,9 +162,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise InputError(f"{out}: --out exists and is not a directory")
     claim_file = args.claims or claims.default_file()
     claim_list = claims.load(claim_file) if args.claims or claim_file.is_file() else None
+    question_file = claims.default_file(claims.QUESTIONS_FILE)
+    questions = claims.load(question_file) if question_file.is_file() else None
     make_dir(out, "--out")
     try:
-        sums = report.write_report(args.dirs, out, claim_list, echo=print)
+        sums = report.write_report(args.dirs, out, claim_list, echo=print, questions=questions)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise

@@ -245,3 +245,20 @@ def test_unstable_configs_are_warned_in_the_table_the_report_and_the_console(tmp
     text = (run / "REPORT.md").read_text()
     assert "Warnings (train time (s)):" in text and "- precision=fp32 gpus=1: unstable" in text
     assert any(p.startswith("warning: table2_precision: precision=fp64 gpus=1: first trial") for p in printed)
+
+
+def test_the_energy_questions_are_answered_apart_from_the_paper_claims(tmp_path: Path) -> None:
+    from multicard import claims
+
+    run = constructed_run(tmp_path / "run")  # CPU-like records: no energy measured
+    questions = claims.load(EXPERIMENTS / claims.QUESTIONS_FILE)
+    report.write_report([run], run, claims.load(EXPERIMENTS / "claims.toml"), questions=questions)
+    text = (run / "REPORT.md").read_text()
+    energy = text[text.index("## Energy"):]
+    assert text.index("## Claims of the paper") < text.index("## Energy")
+    assert "Questions of this artifact, not claims of the paper" in energy
+    rows = (run / "tables" / "energy_questions.csv").read_text().splitlines()
+    assert rows[0].startswith("question,question asked,paper,verdict")
+    e1 = next(line for line in rows if line.startswith("E1,"))
+    assert "not measured in the paper" in e1 and ",supported," not in e1  # no energy: no verdict
+    assert [line.split(",")[0] for line in rows[1:]] == ["E1", "E2", "E3", "E4"]

@@ -33,14 +33,16 @@ from multicard.spec import Spec
 
 
 def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | None = None,
-                 echo: Callable[[str], None] | None = None) -> Path:
+                 echo: Callable[[str], None] | None = None,
+                 questions: list[claims.Claim] | None = None) -> Path:
     """Tables, figures and REPORT.md for every run under `dirs` (several runs merge into one
     report: their claims are judged together), then SHA256SUMS over `out`."""
     runs = [load_run(p) for d in dirs for p in discover_runs(d)]
     for derived in ("tables", "figures"):
         shutil.rmtree(out / derived, ignore_errors=True)
     (out / "tables").mkdir(parents=True, exist_ok=True)
-    sections = [_environment_section(runs, out), _claims_section(runs, claim_list, out)]
+    sections = [_environment_section(runs, out), _claims_section(runs, claim_list, out),
+                _energy_section(runs, questions, out)]
     used: set[str] = set()
     for run in runs:
         name = _unique(run.spec.name, used)
@@ -48,7 +50,7 @@ def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | N
     sections += [_failures_section(runs, out), _compute_section(runs, out), _verify_section(out)]
     header = (f"# multicard report\n\nGenerated {datetime.now(UTC).isoformat(timespec='seconds')} "
               f"by multicard {multicard.__version__}.\n")
-    artifact.write_text_atomic(out / "REPORT.md", "\n".join([header, *sections]))
+    artifact.write_text_atomic(out / "REPORT.md", "\n".join([header, *(s for s in sections if s)]))
     return artifact.write_checksums(out)
 
 
@@ -248,6 +250,35 @@ def numa_section(spec: Spec, trials: pd.DataFrame) -> str:
 def _claims_section(runs: list[RunData], claim_list: list[claims.Claim] | None, out: Path) -> str:
     if claim_list is None:
         return "## Claims of the paper\n\nNo claims file (experiments/claims.toml) was given.\n"
+    table, counts = _verdicts(runs, claim_list)
+    display = table.assign(verdict=[f"**{v}**" for v in table["verdict"]])
+    return ("## Claims of the paper\n\n"
+            f"{len(table)} claims: {counts}. Verdicts follow the 95% confidence intervals only "
+            "(README, \"Claims and verdicts\"). A ratio is mean(metric of the reference arm) / "
+            "mean(metric of the arm the claim is about), e.g. C1: time(FP64) / time(FP32), so above "
+            "1 means the claim's arm has the smaller value (is faster, uses less memory); "
+            "`experiments/claims.toml` names both arms of each claim.\n\n"
+            + write_tables(out / "tables" / "claims", display, table.to_csv(index=False)))
+
+
+def _energy_section(runs: list[RunData], questions: list[claims.Claim] | None, out: Path) -> str:
+    """The artifact's own questions (experiments/energy_questions.toml), answered by the claims'
+    rules: does each of the paper's levers save GPU energy per image?"""
+    if questions is None:
+        return ""
+    table, counts = _verdicts(runs, questions)
+    table = table.rename(columns={"claim": "question", "the paper says": "question asked"})
+    display = table.assign(verdict=[f"**{v}**" for v in table["verdict"]])
+    return ("## Energy\n\n"
+            "Questions of this artifact, not claims of the paper (which measures time only): does "
+            f"each lever save GPU energy per training image? {len(table)} questions: {counts}. "
+            "Energy is NVML's counter of every trial GPU over the timed epochs (node level for "
+            "the GPUs, not the wall socket); a ratio above 1 means the lever's arm uses less "
+            "energy per image. Same intervals and verdict rules as the claims.\n\n"
+            + write_tables(out / "tables" / "energy_questions", display, table.to_csv(index=False)))
+
+
+def _verdicts(runs: list[RunData], claim_list: list[claims.Claim]) -> tuple[pd.DataFrame, str]:
     results: dict[str, list[claims.Results]] = {}
     for run in runs:
         results.setdefault(run.spec.name, []).append(claims.results_of(run.spec, run.records))
@@ -257,15 +288,8 @@ def _claims_section(runs: list[RunData], claim_list: list[claims.Claim] | None, 
         "verdict": v.verdict, "ours [95% CI]": evidence_text(v.evidence), "why": v.why,
         "experiment": ", ".join(_claim_experiments(v.claim)),
     } for v in verdicts])
-    display = table.assign(verdict=[f"**{v}**" for v in table["verdict"]])
     counts = ", ".join(f"{(table['verdict'] == k).sum()} {k}" for k in claims.VERDICTS)
-    return ("## Claims of the paper\n\n"
-            f"{len(verdicts)} claims: {counts}. Verdicts follow the 95% confidence intervals only "
-            "(README, \"Claims and verdicts\"). A ratio is mean(metric of the reference arm) / "
-            "mean(metric of the arm the claim is about), e.g. C1: time(FP64) / time(FP32), so above "
-            "1 means the claim's arm has the smaller value (is faster, uses less memory); "
-            "`experiments/claims.toml` names both arms of each claim.\n\n"
-            + write_tables(out / "tables" / "claims", display, table.to_csv(index=False)))
+    return table, counts
 
 
 def evidence_text(evidence: tuple[claims.Evidence, ...], shown: int = 6) -> str:
