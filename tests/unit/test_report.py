@@ -262,3 +262,11 @@ def test_the_energy_questions_are_answered_apart_from_the_paper_claims(tmp_path:
     e1 = next(line for line in rows if line.startswith("E1,"))
     assert "not measured in the paper" in e1 and ",supported," not in e1  # no energy: no verdict
     assert [line.split(",")[0] for line in rows[1:]] == ["E1", "E2", "E3", "E4"]
+
+
+def test_a_metric_the_trials_could_not_measure_reads_not_measured(reported: Path) -> None:
+    table = (reported / "tables" / "table2_precision.md").read_text()
+    energy_column = next(line for line in table.splitlines() if line.startswith("| fp64")).split("|")
+    header = next(line for line in table.splitlines() if "energy per image" in line).split("|")
+    column = next(i for i, h in enumerate(header) if "energy per image" in h)
+    assert energy_column[column].strip() == "not measured"  # ok trials, no energy: never 0

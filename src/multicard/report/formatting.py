@@ -64,10 +64,12 @@ def format_metric(metric: str, value: float) -> str:
     return METRIC_LABELS.get(metric, (metric, fmt_num))[1](value)
 
 
-def mean_sd_ci(row: pd.Series, metric: str) -> str:
+def mean_sd_ci(row: pd.Series, metric: str, ok_trials: int = 0) -> str:
+    """"mean ± sd [95% CI]"; "not measured" where the config's ok trials hold no value (a
+    metric recorded as null with its reason, e.g. energy on CPU), "–" where it has none."""
     mean, sd = row[f"{metric}.mean"], row[f"{metric}.std"]
     if math.isnan(mean):
-        return "–"
+        return "not measured" if ok_trials else "–"
     text = format_metric(metric, mean) + (f" ± {format_metric(metric, sd)}" if not math.isnan(sd) else "")
     lo, hi = row[f"{metric}.ci_lo"], row[f"{metric}.ci_hi"]
     if not math.isnan(lo):

@@ -29,7 +29,8 @@ def display_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({factor: table[factor] for factor in spec.grid})
     out["n"] = table[f"{spec.primary}.n"].astype(int)
     for metric in spec.metrics:
-        out[f"{label(metric)} mean ± sd [95% CI]"] = table.apply(mean_sd_ci, axis=1, metric=metric)
+        out[f"{label(metric)} mean ± sd [95% CI]"] = [
+            mean_sd_ci(r, metric, int(r[f"{spec.primary}.n"])) for _, r in table.iterrows()]
     p = spec.primary
     out[f"{label(p)} median [min, max]"] = [
         "–" if math.isnan(r[f"{p}.median"]) else
