@@ -47,9 +47,22 @@ def trial_table(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
         row = {k: record["config"].get(k) for k in factors}
         row |= {"config_id": record["config_id"], "trial": record["trial"]}
         row |= {m: scalar(record["metrics"].get(m)) for m in spec.metrics}
+        row[WHOLE] = whole_throughput(record)
         rows[(record["config_id"], record["trial"])] = row
-    columns = [*factors, "config_id", "trial", *spec.metrics]
+    columns = [*factors, "config_id", "trial", *spec.metrics, WHOLE]
     return pd.DataFrame(list(rows.values()), columns=columns)
+
+
+WHOLE = "throughput_whole_samples_s"  # FlagPerf's p_whole: start-up and evaluation included
+
+
+def whole_throughput(record: dict[str, Any]) -> float:
+    """Images trained per second of the whole launch (the record's wall time)."""
+    m = record["metrics"]
+    rate, seconds, wall = m.get("throughput_samples_s"), m.get("train_time_s"), record.get("wall_s")
+    if not isinstance(rate, (int, float)) or not isinstance(seconds, (int, float)) or not wall:
+        return float("nan")
+    return rate * seconds / wall
 
 
 def failures(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
@@ -184,6 +197,25 @@ def bound(spec: Spec, trials: pd.DataFrame, config: dict[str, Any], mine: pd.Dat
     found = ladder.classify(mine["throughput_samples_s"].dropna().tolist(), ceiling)
     return {"bound": found.label, "bound.ratio": found.ratio, "bound.lo": found.ci_lo,
             "bound.hi": found.ci_hi}
+
+
+def ladder_table(spec: Spec, trials: pd.DataFrame) -> pd.DataFrame:
+    """Per config with a synthetic-loader twin: mean images/s of the whole trial (p_whole), of
+    the training loop (p_train) and of the twin (the ceiling)."""
+    columns = [*spec.grid, "config_id", "p_whole", "p_train", "ceiling"]
+    if CEILING_LOADER not in spec.grid.get("loader", []) or "throughput_samples_s" not in trials:
+        return pd.DataFrame(columns=columns)
+    means = trials.groupby("config_id")[["throughput_samples_s", WHOLE]].mean()
+    rows = []
+    for cid, config, _ in specmod.configs(spec):
+        twin = next((t for t, c, _ in specmod.configs(spec)
+                     if c == {**config, "loader": CEILING_LOADER}), None)
+        if config.get("loader") == CEILING_LOADER or cid not in means.index or twin not in means.index:
+            continue
+        rows.append({**config, "config_id": cid, "p_whole": means.at[cid, WHOLE],
+                     "p_train": means.at[cid, "throughput_samples_s"],
+                     "ceiling": means.at[twin, "throughput_samples_s"]})
+    return pd.DataFrame(rows, columns=columns)
 
 
 def _traced(records: Iterable[dict[str, Any]], spec: Spec) -> list[dict[str, Any]]:

@@ -53,3 +53,27 @@ def test_a_loader_table_says_which_configs_are_data_bound(tmp_path: Path) -> Non
         "torch": "data-bound", "dali": "compute-bound", "synthetic": "ceiling"}
     shown = display_table(s, table)["bound: real / synthetic img/s [95% CI]"].tolist()
     assert shown[0].startswith("data-bound (0.5 [") and shown[2] == "ceiling"
+
+
+def test_the_ladder_figure_stacks_whole_train_and_ceiling(tmp_path: Path) -> None:
+    from multicard.report.figures import plot_ladder
+
+    fixed = {**TINY_FIXED, "scenario": "b"}
+    s = spec.load(write_spec(tmp_path, fixed=fixed, grid={"loader": ["torch", "synthetic"]}))
+    ids = {c["loader"]: cid for cid, c, _ in spec.configs(s)}
+    trials = pd.DataFrame([{"loader": loader, "config_id": ids[loader], "trial": 0,
+                            **dict.fromkeys(s.metrics, float("nan")), "throughput_samples_s": rate,
+                            summarize.WHOLE: rate / 2} for loader, rate in (("torch", 500.0),
+                                                                            ("synthetic", 1000.0))])
+    ladder_rows = summarize.ladder_table(s, trials)
+    assert ladder_rows[["loader", "p_whole", "p_train", "ceiling"]].values.tolist() == [
+        ["torch", 250.0, 500.0, 1000.0]]
+    table = summarize.config_table(s, trials, pd.DataFrame(columns=["config_id", "status", "error_type"]))
+    assert plot_ladder(s, table, ladder_rows, tmp_path / "ladder.png")
+    assert (tmp_path / "ladder.png").stat().st_size > 1000
+
+
+def test_p_whole_is_the_images_over_the_whole_launch() -> None:
+    record = {"metrics": {"throughput_samples_s": 100.0, "train_time_s": 6.0}, "wall_s": 20.0}
+    assert summarize.whole_throughput(record) == pytest.approx(30.0)
+    assert np.isnan(summarize.whole_throughput({"metrics": {}, "wall_s": 1.0}))

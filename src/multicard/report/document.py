@@ -16,7 +16,7 @@ from tabulate import tabulate
 
 import multicard
 from multicard import artifact, claims, cost, summarize
-from multicard.report.figures import plot_breakdown, plot_primary
+from multicard.report.figures import plot_breakdown, plot_ladder, plot_primary, plot_time_and_energy
 from multicard.report.formatting import label
 from multicard.report.runs import RunData, discover_runs, load_run
 from multicard.report.tables import (
@@ -175,6 +175,9 @@ def _experiment_section(run: RunData, name: str, out: Path,
     trials.to_csv(tables / f"{name}_trials.csv", index=False)
     has_figure = plot_primary(spec, table, trials, out / "figures" / f"{name}.png")
     has_breakdown = plot_breakdown(spec, table, out / "figures" / f"{name}_breakdown.png")
+    has_energy = plot_time_and_energy(spec, table, out / "figures" / f"{name}_energy.png")
+    has_ladder = plot_ladder(spec, table, summarize.ladder_table(spec, trials),
+                             out / "figures" / f"{name}_ladder.png")
     fixed = ", ".join(f"{k}={v}" for k, v in spec.fixed.items())
     lines = [
         f"## {spec.title}",
@@ -209,6 +212,11 @@ def _experiment_section(run: RunData, name: str, out: Path,
         lines += ["", f"![{spec.title}](figures/{name}.png)"]
     if has_breakdown:
         lines += ["", f"![compute vs copy wait vs data wait](figures/{name}_breakdown.png)"]
+    if has_energy:
+        lines += ["", f"![time and GPU energy per image](figures/{name}_energy.png)"]
+    if has_ladder:
+        lines += ["", f"![the bottleneck ladder: whole trial, training loop, synthetic ceiling]"
+                  f"(figures/{name}_ladder.png)"]
     if len(failed):
         lines += ["", "Failures:", ""]
         lines += [f"- `{r.config_id}` trial {r.trial}: **{r.status}** {r.error_type or ''}: "

@@ -1,4 +1,5 @@
-"""Figures (PNG) of one experiment: the primary metric per config, the time breakdown."""
+"""Figures (PNG) of one experiment: the primary metric per config, the time breakdown, time
+and energy side by side, and the bottleneck ladder."""
 
 from __future__ import annotations
 
@@ -80,6 +81,57 @@ def plot_breakdown(spec: Spec, table: pd.DataFrame, target: Path) -> bool:
     ax.set_xlabel(" / ".join(spec.grid))
     ax.tick_params(axis="x", labelrotation=90, labelsize=7)
     ax.set_title(f"{spec.name}: compute vs waiting for data", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, target)
+    plt.close(fig)
+    return True
+
+
+def plot_time_and_energy(spec: Spec, table: pd.DataFrame, target: Path) -> bool:
+    """Per config, the primary metric and GPU energy per image side by side (mean, 95% CI);
+    an energy panel with nothing measured says so instead of drawing zeros."""
+    metric = "energy_per_sample_j"
+    if metric not in spec.metrics:
+        return False
+    plt = pyplot()
+    labels = [" ".join(f"{row[k]}" for k in spec.grid) for _, row in table.iterrows()]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 0.9 * len(labels)), 4.2))
+    for ax, key in zip(axes, (spec.primary, metric), strict=True):
+        mean = table[f"{key}.mean"]
+        if mean.isna().all():
+            ax.text(0.5, 0.5, f"{label(key)}: not measured", ha="center", va="center",
+                    transform=ax.transAxes)
+            ax.set_axis_off()
+            continue
+        err = [(mean - table[f"{key}.ci_lo"]).fillna(0), (table[f"{key}.ci_hi"] - mean).fillna(0)]
+        ax.bar(labels, mean, yerr=err, capsize=3)
+        ax.set_ylabel(label(key) + " (mean, 95% CI)")
+        ax.tick_params(axis="x", labelrotation=90, labelsize=7)
+    fig.suptitle(f"{spec.name}: time and energy", fontsize=9)
+    fig.tight_layout()
+    _save(fig, target)
+    plt.close(fig)
+    return True
+
+
+def plot_ladder(spec: Spec, table: pd.DataFrame, ladder: pd.DataFrame, target: Path) -> bool:
+    """Per config with a synthetic-loader twin, images/s of the whole trial (p_whole), of the
+    training loop with the real loader (p_train) and with the synthetic one (the ceiling),
+    stacked: each step up is what start-up, evaluation or loading costs."""
+    if "bound" not in table or ladder.empty:
+        return False
+    plt = pyplot()
+    labels = [" ".join(f"{row[k]}" for k in spec.grid) for _, row in ladder.iterrows()]
+    whole, train, ceiling = ladder["p_whole"], ladder["p_train"], ladder["ceiling"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(labels)), 4.2))
+    ax.bar(labels, whole, label="whole trial (start-up, evaluation included)")
+    ax.bar(labels, (train - whole).clip(lower=0), bottom=whole, label="training loop, real loader")
+    ax.bar(labels, (ceiling - train).clip(lower=0), bottom=whole + (train - whole).clip(lower=0),
+           label="up to the synthetic loader's ceiling")
+    ax.set_ylabel("images/s (mean over trials)")
+    ax.tick_params(axis="x", labelrotation=90, labelsize=7)
+    ax.set_title(f"{spec.name}: the bottleneck ladder", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     _save(fig, target)
