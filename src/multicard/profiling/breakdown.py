@@ -68,8 +68,9 @@ def breakdown(kernels: pd.DataFrame, copies: pd.DataFrame, launches: pd.DataFram
     gaps = seg_starts[1:] - seg_ends[:-1]
     # the operation that ends each gap: the first of the next segment
     first = ops.assign(segment=segment).groupby("segment", sort=True).head(1).iloc[1:]
-    launch = first[["correlation"]].merge(launches[["correlation", "start"]], how="left",
-                                          on="correlation")["start"].to_numpy(float)
+    # the earliest call per correlation id (a trace may list one twice, or none at all)
+    launched = launches.dropna(subset=["correlation"]).groupby("correlation")["start"].min()
+    launch = first["correlation"].map(launched).to_numpy(float)
     waited = np.clip(np.nan_to_num(launch - seg_ends[:-1], nan=0.0), 0, gaps)
     host = int(waited.sum())
     return Breakdown(span, busy, copy_only, host, int(gaps.sum()) - host)

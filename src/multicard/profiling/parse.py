@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from multicard.errors import InputError
+from multicard.profiling import breakdown
 
 API_METRICS = {
     "cudaLaunchKernel": "cuda_launch_kernel",
@@ -78,7 +79,19 @@ def empty_summary(fmt: str) -> dict[str, Any]:
     for name in COUNTED:
         summary |= {f"{name}_count": 0, f"{name}_ns": 0}
     summary["epoch_pauses_ns"] = {}
+    # the GPU timeline's breakdown (profiling.breakdown): None where the trace has no GPU work
+    summary |= dict.fromkeys(BREAKDOWN_KEYS)
     return summary
+
+
+BREAKDOWN_KEYS = ("gpu_span_ns", "gpu_busy_ns", "gpu_copy_ns", "gpu_host_wait_ns", "gpu_idle_ns")
+
+
+def breakdown_metrics(found: breakdown.Breakdown) -> dict[str, int | None]:
+    if not found.span_ns:
+        return dict.fromkeys(BREAKDOWN_KEYS)
+    return dict(zip(BREAKDOWN_KEYS, (found.span_ns, found.busy_ns, found.copy_ns, found.host_ns,
+                                     found.idle_ns), strict=True))
 
 
 def summarize(path: Path) -> dict[str, Any]:
@@ -121,11 +134,28 @@ def summarize_nsys(path: Path) -> dict[str, Any]:
         summary |= _nsys_runtime(db, tables, strings)
         summary |= _nsys_copies(db, tables)
         summary["epoch_pauses_ns"] = _nsys_pauses(db, tables, strings)
+        summary |= _nsys_breakdown(db, tables)
         return summary
     except sqlite3.DatabaseError as exc:
         raise InputError(f"{path}: unreadable SQLite ({exc})") from None
     finally:
         db.close()
+
+
+def _nsys_breakdown(db: sqlite3.Connection, tables: set[str]) -> dict[str, int | None]:
+    """The GPU timeline of kernels, copies and memsets against the runtime calls that launched
+    them (nsys's correlationId links the two)."""
+    def read(table: str, columns: str, names: list[str]) -> pd.DataFrame:
+        if table not in tables:
+            return pd.DataFrame(columns=names)
+        return pd.read_sql_query(f"SELECT {columns} FROM {table}", db).set_axis(names, axis=1)
+
+    interval = ["start", "end", "correlation"]
+    kernels = read("CUPTI_ACTIVITY_KIND_KERNEL", "start, end, correlationId", interval)
+    copies = pd.concat([read(t, "start, end, correlationId", interval)
+                        for t in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")])
+    launches = read("CUPTI_ACTIVITY_KIND_RUNTIME", "correlationId, start", ["correlation", "start"])
+    return breakdown_metrics(breakdown.breakdown(kernels, copies, launches))
 
 
 def _string_table(tables: set[str]) -> str:
@@ -309,7 +339,21 @@ def summarize_kineto(doc: Any, path: Path) -> dict[str, Any]:
     start = (pd.to_numeric(spans["ts"]) * 1000).round().astype(np.int64)
     summary["epoch_pauses_ns"] = epoch_pauses(pd.DataFrame(
         {"start": start, "end": start + spans["dur_ns"], "name": spans["name"]}))
+    summary |= _kineto_breakdown(frame)
     return summary
+
+
+def _kineto_breakdown(frame: pd.DataFrame) -> dict[str, int | None]:
+    """Kernels, copies and memsets against the runtime calls that launched them (Kineto's
+    `correlation` argument links the two)."""
+    start = (pd.to_numeric(frame["ts"]) * 1000).round().astype(np.int64)
+    ops = pd.DataFrame({"cat": frame["cat"], "start": start, "end": start + frame["dur_ns"],
+                        "correlation": frame["args"].map(
+                            lambda a: a.get("correlation") if isinstance(a, dict) else None)})
+    columns = ["start", "end", "correlation"]
+    return breakdown_metrics(breakdown.breakdown(
+        ops[ops["cat"] == "kernel"][columns], ops[ops["cat"].isin(["gpu_memcpy", "gpu_memset"])][columns],
+        ops[ops["cat"] == "cuda_runtime"][["correlation", "start"]]))
 
 
 def _kineto_copies(copies: pd.DataFrame) -> dict[str, int]:

@@ -120,6 +120,12 @@ TRACE_COLUMNS: dict[str, tuple[str, str]] = {
     "cudaEventSynchronize (ms)": ("cuda_event_synchronize_ns", "ms"),
     "cudaEventDestroy (n)": ("cuda_event_destroy_count", "count"),
     "cudaMemcpyAsync (ms)": ("cuda_memcpy_async_ns", "ms"),
+    # where the GPU's time went (profiling.breakdown), first to last device operation
+    "GPU timeline (ms)": ("gpu_span_ns", "ms"),
+    "GPU busy: kernels (ms)": ("gpu_busy_ns", "ms"),
+    "GPU waits on a copy (ms)": ("gpu_copy_ns", "ms"),
+    "GPU waits on the host (ms)": ("gpu_host_wait_ns", "ms"),
+    "GPU idle, other (ms)": ("gpu_idle_ns", "ms"),
 }
 
 

@@ -81,7 +81,8 @@ def display_trace_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
     """Per config, per rank, mean over traced trials."""
     out = table[[*spec.grid, "trace", "n"]].copy()
     for title, (key, unit) in TRACE_COLUMNS.items():
-        out[title] = [UNITS[unit](v) for v in table[key]]
+        values = table[key] if key in table else [math.nan] * len(table)  # a trace summarized before the key
+        out[title] = ["not measured" if v is None or math.isnan(v) else UNITS[unit](v) for v in values]
     return out
 
 
