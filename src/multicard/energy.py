@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+SERIES_FILE = "energy_series.json"  # a trial's GPU counters sampled from outside (telemetry)
 MIN_COUNTER_WINDOW_S = 1.0  # NVML's energy counter; RAPL's updates about every millisecond
 RAPL_MIN_WINDOW_S = 0.01
 POWERCAP = Path("/sys/class/powercap")
@@ -273,3 +274,27 @@ def trial_metrics(ranks: Sequence[dict[str, Any]], samples: float, seconds: floa
     if cpu.joules is None:
         reasons["cpu_energy_j"] = str(cpu.reason)
     return metrics, reasons
+
+
+# --- energy over a window of a sampled counter (an LLM trial, sampled from outside) ----------
+
+def counter_at(series: Sequence[tuple[float, int]], t: float) -> float | None:
+    """The cumulative counter at wall time `t`, linear between the samples around it; None
+    outside the sampled span."""
+    import numpy as np
+
+    if not series or not series[0][0] <= t <= series[-1][0]:
+        return None
+    return float(np.interp(t, [s[0] for s in series], [s[1] for s in series]))
+
+
+def energy_between(series: Sequence[tuple[float, int]], start: float, end: float,
+                   joules_per_unit: float = 1e-3) -> Energy:
+    """Energy of a (wall seconds, summed counter) series between two wall times."""
+    if end - start < MIN_COUNTER_WINDOW_S:
+        return Energy(None, None, f"a {end - start:.3f} s window is shorter than the counter "
+                      f"resolves ({MIN_COUNTER_WINDOW_S:g} s)")
+    a, b = counter_at(series, start), counter_at(series, end)
+    if a is None or b is None:
+        return Energy(None, None, "the counter was not sampled over the whole window")
+    return Energy((b - a) * joules_per_unit, "counter")

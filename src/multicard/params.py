@@ -226,6 +226,9 @@ LLM_METRICS: tuple[str, ...] = (
     "final_loss",
     "peak_device_mem_bytes",
     "peak_process_mem_bytes",
+    # GPU energy over the measured steps, sampled by the runner (multicard.energy)
+    "step_energy_j",
+    "energy_per_token_j",
 )
 
 WORKLOAD_METRICS: dict[str, tuple[str, ...]] = {"vision": VISION_METRICS, "llm": LLM_METRICS}

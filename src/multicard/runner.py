@@ -31,7 +31,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from multicard import adaptive, artifact, cluster, cost, devices, kinds, launch, store, telemetry
+from multicard import adaptive, artifact, cluster, cost, devices, energy, kinds, launch, store, telemetry
 from multicard import spec as specmod
 from multicard.data import mnist, page_cache
 from multicard.errors import InputError
@@ -559,6 +559,7 @@ def _execute(argv: list[str], env: dict[str, str], trial_dir: Path, timeout_s: f
             raise
     if sampler is None:
         return returncode, False, {}, {}
+    sampler.write_energy(trial_dir / energy.SERIES_FILE)
     return returncode, False, sampler.metrics(), sampler.unmeasured()
 
 

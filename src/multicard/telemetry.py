@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import threading
+import time
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -157,6 +160,10 @@ class TrialMemorySampler:
         self.peak_rss = 0
         self.peaks: dict[str, int] = {}
         self.device_error: str | None = None  # why device memory stopped being sampled
+        # (wall seconds, the trial GPUs' summed energy counters in mJ): energy over any window
+        # of the trial, e.g. the logged steps of an LLM recipe (multicard.energy.energy_between)
+        self.energy_series: list[tuple[float, int]] = []
+        self.energy_error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._nvml: Any = _nvml_or_none() if gpus else None
@@ -204,6 +211,35 @@ class TrialMemorySampler:
                 continue
             value, source = trial_device_bytes(processes, set(tree), used, self.used_before)
             self.peaks[source] = max(self.peaks.get(source, 0), value)
+            self._sample_energy()
+
+    def _sample_energy(self) -> None:
+        if self.energy_error:
+            return
+        try:
+            total = sum(int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(h)) for h in self._handles)
+        except self._nvml.NVMLError as exc:  # before Volta: not supported
+            self.energy_error = f"NVML's energy counter: {exc}"
+            return
+        self.energy_series.append((time.time(), total))
+
+    def write_energy(self, path: Path) -> None:
+        """The raw energy series beside the trial's other files (what an LLM trial's energy per
+        token is computed from), with why it is empty where it is."""
+        from multicard import artifact
+
+        artifact.write_text_atomic(path, json.dumps({
+            "unit": "mJ, summed over the trial's GPUs", "clock": "wall seconds (time.time)",
+            "period_s": self.period_s, "series": self.energy_series,
+            "reason": None if self.energy_series else self.energy_unmeasured()}, indent=0))
+
+    def energy_unmeasured(self) -> str:
+        """Why the energy series is empty."""
+        if not self.gpus:
+            return "CPU run: no GPU"
+        if not self._nvml:
+            return "NVML unavailable (no driver or library)"
+        return self.energy_error or self.device_error or "no sample was taken (the trial ended first)"
 
     def metrics(self) -> dict[str, int | str | None]:
         source = "per-process" if "per-process" in self.peaks else \

@@ -124,3 +124,11 @@ def test_a_cpu_trial_records_every_energy_as_null_with_its_reason() -> None:
     no_gpu = "rank 0: CPU run: no GPU"
     assert reasons == {"energy_j": no_gpu, "energy_per_sample_j": no_gpu, "mean_power_w": no_gpu,
                        "cpu_energy_j": "rank 0: no RAPL package domain"}
+
+
+def test_a_window_of_a_sampled_counter_is_interpolated() -> None:
+    series = [(100.0, 0), (101.0, 300_000), (102.0, 600_000), (103.0, 900_000)]  # 300 W in mJ
+    assert energy.counter_at(series, 101.5) == pytest.approx(450_000)
+    assert energy.energy_between(series, 100.5, 102.5).joules == pytest.approx(600.0)
+    assert energy.energy_between(series, 100.5, 100.9).joules is None  # under a second
+    assert "not sampled over the whole window" in str(energy.energy_between(series, 99.0, 102.0).reason)

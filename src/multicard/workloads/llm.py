@@ -19,6 +19,7 @@ The metric logger is torchtune's DiskLogger with a wall-clock stamp per step
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import statistics
 import sys
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multicard import launch
+from multicard import energy, launch
 from multicard.data import llm as assets
 from multicard.params import Value
 
@@ -215,9 +216,36 @@ def collect(trial_dir: Path, settings: Mapping[str, Value]) -> dict[str, Any] | 
     if not steps:
         return None
     measured = metrics(steps, int(settings["warmup_steps"]))
-    return {"metrics": measured, "unmeasured": unmeasured(measured, settings),
+    joules, why = step_energy(trial_dir, steps, int(settings["warmup_steps"]),
+                              int(settings["gpus"]) * int(settings["nnodes"]))
+    measured |= joules
+    return {"metrics": measured, "unmeasured": unmeasured(measured, settings) | why,
             "steps_logged": len(steps), "logs": [p.name for p in logs],
             "random_weights": settings["weights"] == "random"}
+
+
+def step_energy(trial_dir: Path, steps: list[dict[str, float]], warmup: int, world: int
+                ) -> tuple[dict[str, float | None], dict[str, str]]:
+    """GPU energy over the measured steps (from the end of the last warm-up step to the last
+    step's stamp) from the counter series the runner sampled, and per token processed in it
+    (tokens_per_second_per_gpu x step time x ranks)."""
+    keys = ("step_energy_j", "energy_per_token_j")
+    try:
+        sampled = json.loads((trial_dir / energy.SERIES_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return dict.fromkeys(keys), dict.fromkeys(keys, "no energy series was sampled")
+    stamps = [s["wall_time"] for s in steps if "wall_time" in s]
+    measured = [s for s in steps if s["step"] > warmup and "wall_time" in s]
+    if not sampled["series"] or len(stamps) < 2 or not measured:
+        why = sampled["reason"] or "too few logged steps after the warm-up steps"
+        return dict.fromkeys(keys), dict.fromkeys(keys, why)
+    start = stamps[max(0, warmup - 1)] if warmup else stamps[0]
+    gaps = [b - a for a, b in itertools.pairwise(stamps)][max(0, warmup - 1):]
+    tokens = sum(s.get("tokens_per_second_per_gpu", 0.0) * gap * world
+                 for s, gap in zip(measured[-len(gaps):], gaps, strict=False))
+    found = energy.energy_between([tuple(x) for x in sampled["series"]], start, stamps[-1])
+    values = {"step_energy_j": found.joules, "energy_per_token_j": energy.per_unit(found.joules, tokens)}
+    return values, {k: str(found.reason) for k, v in values.items() if v is None}
 
 
 def unmeasured(measured: Mapping[str, Any], settings: Mapping[str, Value]) -> dict[str, str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from multicard import devices, kinds, numa, params
+from multicard import devices, energy, kinds, numa, params
 from multicard.data import llm as assets
 from multicard.workloads import llm
 
@@ -170,3 +170,20 @@ def test_random_weights_load_through_the_recipes_checkpointer(tmp_path: Path) ->
     model = llama3(**assets.MODELS["tiny"][1])
     model.load_state_dict(state)  # strict: every key and shape of the architecture
     assert json.loads((directory / "weights.json").read_text())["init"] == "random"
+
+
+def test_energy_per_token_comes_from_the_counter_over_the_measured_steps(tmp_path: Path) -> None:
+    # 4 steps logged at wall times 10, 12, 14, 16 (each stamp ends its step); warm-up 1: steps
+    # 2-4, from 10 to 16, 3 steps of 2 s at 1000 tokens/s/GPU on 2 GPUs = 12,000 tokens; at 250 W
+    # in all, 1500 J
+    steps = [{"step": float(i + 1), "wall_time": 10.0 + 2 * i, "tokens_per_second_per_gpu": 1000.0}
+             for i in range(4)]
+    series = [[t, int(250_000 * t)] for t in (9.0, 11.0, 13.0, 15.0, 17.0)]  # mJ, 250 W
+    (tmp_path / energy.SERIES_FILE).write_text(json.dumps({"series": series, "reason": None}))
+    values, why = llm.step_energy(tmp_path, steps, warmup=1, world=2)
+    assert values["step_energy_j"] == pytest.approx(1500.0) and why == {}
+    assert values["energy_per_token_j"] == pytest.approx(1500.0 / 12_000)
+    (tmp_path / energy.SERIES_FILE).write_text(json.dumps({"series": [], "reason": "CPU run: no GPU"}))
+    values, why = llm.step_energy(tmp_path, steps, warmup=1, world=2)
+    assert values == {"step_energy_j": None, "energy_per_token_j": None}
+    assert why == {"step_energy_j": "CPU run: no GPU", "energy_per_token_j": "CPU run: no GPU"}
