@@ -77,3 +77,27 @@ def test_p_whole_is_the_images_over_the_whole_launch() -> None:
     record = {"metrics": {"throughput_samples_s": 100.0, "train_time_s": 6.0}, "wall_s": 20.0}
     assert summarize.whole_throughput(record) == pytest.approx(30.0)
     assert np.isnan(summarize.whole_throughput({"metrics": {}, "wall_s": 1.0}))
+
+
+def test_a_dali_claim_says_whether_its_configs_were_data_bound(tmp_path: Path) -> None:
+    from multicard import claims, report, store
+    from tests.helpers import EXPERIMENTS
+
+    s = spec.load(EXPERIMENTS / "figure6_loaders.toml")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spec.toml").write_text(spec.to_toml(s))
+    rates = {"torch": 500.0, "dali": 980.0, "synthetic": 1000.0}
+    for cid, config, _ in spec.configs(s):
+        if config["gpus"] != 3 or config["image_size"] != 300:
+            continue
+        for trial in range(5):
+            rate = rates[config["loader"]] * (1 + 0.01 * trial)
+            store.append(run / "trials.jsonl", {
+                "schema": 1, "experiment": s.name, "config_id": cid, "config": config, "trial": trial,
+                "status": "ok", "wall_s": 60.0, "error": None, "artifacts": [],
+                "metrics": {"train_time_s": 600_000 / rate, "throughput_samples_s": rate}})
+    c12 = [c for c in claims.load(EXPERIMENTS / "claims.toml") if c.id == "C12"]
+    report.write_report([run], run, c12)
+    row = (run / "tables" / "claims.csv").read_text().splitlines()[1]
+    assert "loader=dali: compute-bound; loader=torch: data-bound" in row

@@ -295,9 +295,33 @@ def _verdicts(runs: list[RunData], claim_list: list[claims.Claim]) -> tuple[pd.D
         "claim": v.claim.id, "the paper says": v.claim.text, "paper": v.claim.paper,
         "verdict": v.verdict, "ours [95% CI]": evidence_text(v.evidence), "why": v.why,
         "experiment": ", ".join(_claim_experiments(v.claim)),
+        "data-bound?": _bounds(v.claim, runs),
     } for v in verdicts])
     counts = ", ".join(f"{(table['verdict'] == k).sum()} {k}" for k in claims.VERDICTS)
     return table, counts
+
+
+def _bounds(claim: claims.Claim, runs: list[RunData]) -> str:
+    """Whether the configs a claim compares were data-bound (the `bound` of their loader
+    table rows, against the synthetic loader), where its experiment has the synthetic twin."""
+    found = []
+    for run in (r for r in runs if r.spec.name == claim.experiment):
+        trials = summarize.trial_table(run.spec, run.records)
+        table = summarize.config_table(run.spec, trials, summarize.failures(run.spec, run.records))
+        if "bound" not in table:
+            continue
+        for arm in (claim.compare, claim.against):
+            rows = table[[all(_in(r.get(k), v) for k, v in {**arm, **claim.where}.items())
+                          for r in table.to_dict("records")]]
+            rows = rows[rows[f"{run.spec.primary}.n"] > 0]  # configs with ok trials only
+            labels = sorted({str(b) for b in rows["bound"].dropna()})
+            found.append(f"{', '.join(f'{k}={v}' for k, v in arm.items())}: "
+                         f"{'/'.join(labels) or 'no trials'}")
+    return "; ".join(found) or "–"
+
+
+def _in(value: Any, wanted: Any) -> bool:
+    return value in wanted if isinstance(wanted, list) else value == wanted
 
 
 def evidence_text(evidence: tuple[claims.Evidence, ...], shown: int = 6) -> str:
