@@ -122,6 +122,8 @@ def rapl_packages(root: Path = POWERCAP) -> tuple[list[RaplDomain], str | None]:
             limit = (zone / "max_energy_range_uj").read_text().strip()
         except OSError:
             continue
+        if not name.startswith("package"):  # psys (a client CPU's platform zone) holds them all
+            continue
         found.append(RaplDomain(name, zone / "energy_uj", int(limit) if limit.isdigit() else None))
     if not found:
         return [], f"no RAPL package domain under {root} (the CPU or the VM does not expose one)"
@@ -264,16 +266,19 @@ def trial_metrics(ranks: Sequence[dict[str, Any]], samples: float, seconds: floa
     cpu_energy_j (every node's packages), with why each null one is null."""
     unrecorded = "the rank recorded no energy"
     gpu = total([(f"rank {r.get('rank', i)}", Energy(r.get("gpu_energy_j"), r.get("gpu_energy_source"),
-                                              r.get("gpu_energy_reason", unrecorded)))
+                                              r.get("gpu_energy_reason") or unrecorded))
                  for i, r in enumerate(ranks)])
-    cpu = total([(f"rank {r.get('rank', i)}", Energy(r["cpu_energy_j"], "counter", r["cpu_energy_reason"]))
+    cpu = total([(f"rank {r.get('rank', i)}", Energy(r["cpu_energy_j"], "counter",
+                                                     r.get("cpu_energy_reason") or unrecorded))
                  for i, r in enumerate(ranks) if r.get("measures_cpu")])
     metrics = {"energy_j": gpu.joules, "energy_per_sample_j": per_unit(gpu.joules, samples),
                "mean_power_w": mean_power(gpu.joules, seconds), "cpu_energy_j": cpu.joules}
-    reasons = {k: str(gpu.reason) for k in ENERGY_METRICS[:3] if metrics[k] is None}
-    if cpu.joules is None:
-        reasons["cpu_energy_j"] = str(cpu.reason)
-    return metrics, reasons
+    why_gpu = gpu.reason if gpu.joules is None else None
+    reasons = {"energy_j": why_gpu,
+               "energy_per_sample_j": why_gpu or "no sample was trained",
+               "mean_power_w": why_gpu or "a zero-length window",
+               "cpu_energy_j": cpu.reason or "no measurement"}
+    return metrics, {k: str(v) for k, v in reasons.items() if metrics[k] is None}
 
 
 # --- energy over a window of a sampled counter (an LLM trial, sampled from outside) ----------

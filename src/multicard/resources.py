@@ -81,20 +81,24 @@ class RankUsage:
         self._start: tuple[float, float] | None = None
         self._end: tuple[float, float] | None = None
 
-    def _times(self) -> tuple[float, float] | None:
+    def _times(self, tries: int = 3) -> tuple[float, float] | None:
         from multicard import telemetry
 
         try:
-            own_text = Path(f"/proc/{self.pid}/stat").read_text()
-            workers = stat_cpu_seconds(own_text, reaped=True)
+            live = 0.0
             for pid in set(telemetry.process_tree(self.pid)) - {self.pid}:
-                workers += stat_cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
-        except FileNotFoundError:  # a worker that ended between the listing and the read
-            return self._times()
+                live += stat_cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
+            # last: a worker reaped after the listing is in the rank's reaped-children times
+            own_text = Path(f"/proc/{self.pid}/stat").read_text()
+        except (FileNotFoundError, ProcessLookupError) as exc:  # a worker ended meanwhile
+            if tries > 1:
+                return self._times(tries - 1)
+            self.reason = f"/proc: {exc}"
+            return None
         except (OSError, IndexError, ValueError) as exc:
             self.reason = f"/proc: {exc}"
             return None
-        return stat_cpu_seconds(own_text), workers
+        return stat_cpu_seconds(own_text), live + stat_cpu_seconds(own_text, reaped=True)
 
     def __enter__(self) -> RankUsage:
         self._start = self._times()

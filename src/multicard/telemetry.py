@@ -204,14 +204,16 @@ class TrialMemorySampler:
             self.peak_rss = max(self.peak_rss, sum(tree.values()))
             if not self._handles:
                 continue
+            self._sample_energy()  # apart from memory: one failing must not stop the other
+            if self.device_error:
+                continue
             try:
                 processes, used = self._sample()
             except self._nvml.NVMLError as exc:
-                self._handles, self.device_error = [], f"NVML: {exc}"
+                self.device_error = f"NVML: {exc}"
                 continue
             value, source = trial_device_bytes(processes, set(tree), used, self.used_before)
             self.peaks[source] = max(self.peaks.get(source, 0), value)
-            self._sample_energy()
 
     def _sample_energy(self) -> None:
         if self.energy_error:

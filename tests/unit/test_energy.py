@@ -132,3 +132,16 @@ def test_a_window_of_a_sampled_counter_is_interpolated() -> None:
     assert energy.energy_between(series, 100.5, 102.5).joules == pytest.approx(600.0)
     assert energy.energy_between(series, 100.5, 100.9).joules is None  # under a second
     assert "not sampled over the whole window" in str(energy.energy_between(series, 99.0, 102.0).reason)
+
+
+def test_psys_is_not_a_package(tmp_path: Path) -> None:
+    root = powercap(tmp_path, {"intel-rapl:0": ("package-0", 1, 2**32), "intel-rapl:1": ("psys", 1, 2**32)})
+    assert [d.name for d in energy.rapl_packages(root)[0]] == ["package-0"]
+
+
+def test_a_null_energy_metric_never_has_the_reason_none() -> None:
+    ranks = [{"rank": 0, **energy.rank_record(Energy(50.0, "counter"), None)}]
+    metrics, reasons = energy.trial_metrics(ranks, samples=0, seconds=0.0)
+    assert metrics["energy_j"] == 50.0 and metrics["energy_per_sample_j"] is None
+    assert reasons == {"energy_per_sample_j": "no sample was trained", "mean_power_w": "a zero-length window",
+                       "cpu_energy_j": "no device to measure"}

@@ -304,6 +304,8 @@ def _verdicts(runs: list[RunData], claim_list: list[claims.Claim]) -> tuple[pd.D
 def _bounds(claim: claims.Claim, runs: list[RunData]) -> str:
     """Whether the configs a claim compares were data-bound (the `bound` of their loader
     table rows, against the synthetic loader), where its experiment has the synthetic twin."""
+    if claim.parts:
+        return "; ".join(b for part in claim.parts if (b := _bounds(part, runs)) != "–") or "–"
     found = []
     for run in (r for r in runs if r.spec.name == claim.experiment):
         trials = summarize.trial_table(run.spec, run.records)

@@ -47,7 +47,7 @@ METRIC_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "cpus_on_gpu_node_fraction": ("CPUs on GPU's node (%)", fmt_pct),
     "energy_j": ("GPU energy (J)", fmt_num),
     "energy_per_sample_j": ("GPU energy per image (mJ)", lambda v: fmt_num(v * 1e3)),
-    "mean_power_w": ("mean GPU power (W)", fmt_num),
+    "mean_power_w": ("GPU power, all trial GPUs (W)", fmt_num),
     "cpu_energy_j": ("CPU package energy (J)", fmt_num),
     "rank_cpu_s": ("rank CPU time (s)", fmt_num),
     "workers_cpu_s": ("loader workers' CPU time (s)", fmt_num),

@@ -245,7 +245,8 @@ def step_energy(trial_dir: Path, steps: list[dict[str, float]], warmup: int, wor
                  for s, gap in zip(measured[-len(gaps):], gaps, strict=False))
     found = energy.energy_between([tuple(x) for x in sampled["series"]], start, stamps[-1])
     values = {"step_energy_j": found.joules, "energy_per_token_j": energy.per_unit(found.joules, tokens)}
-    return values, {k: str(found.reason) for k, v in values.items() if v is None}
+    why = found.reason or "the log counts no tokens in the measured steps"
+    return values, {k: str(why) for k, v in values.items() if v is None}
 
 
 def unmeasured(measured: Mapping[str, Any], settings: Mapping[str, Value]) -> dict[str, str]:
