@@ -53,8 +53,15 @@ def counter_delta(start: int, end: int, wraps_at: int | None) -> int | None:
     return wraps_at - start + end
 
 
-def integrate_power(samples: Sequence[tuple[float, float]]) -> float:
-    """Joules from (seconds, watts) samples in time order, by trapezoids."""
+def integrate_power(samples: Sequence[tuple[float, float]], start: float | None = None,
+                    end: float | None = None) -> float:
+    """Joules from (seconds, watts) samples in time order, by trapezoids; with a window, the
+    first and the last sample's power held out to its edges (the samples start a period late
+    and end up to a period early)."""
+    if start is not None and samples and start < samples[0][0]:
+        samples = [(start, samples[0][1]), *samples]
+    if end is not None and samples and end > samples[-1][0]:
+        samples = [*samples, (end, samples[-1][1])]
     from scipy.integrate import trapezoid  # numpy's name differs between 1.26 (NGC) and 2.x
 
     return float(trapezoid([w for _, w in samples], [t for t, _ in samples]))
@@ -71,8 +78,9 @@ def window_energy(start: Reading, end: Reading, joules_per_unit: float, wraps_at
         return Energy(delta * joules_per_unit, "counter")
     why = (f"a {seconds:.3f} s window is shorter than the counter resolves ({min_window_s:g} s)"
            if seconds < min_window_s else "the counter went back and its range is unknown")
-    if len(power_samples) >= 2:
-        return Energy(integrate_power(power_samples), "integrated power", why)
+    inside = [x for x in power_samples if start.t_s <= x[0] <= end.t_s]
+    if len(inside) >= 2:
+        return Energy(integrate_power(inside, start.t_s, end.t_s), "integrated power", why)
     return Energy(None, None, f"{why}, and fewer than 2 power samples were taken")
 
 
@@ -162,6 +170,7 @@ class GpuEnergyMeter:
     def __init__(self, uuid: str | None, period_s: float = 0.05) -> None:
         self.uuid, self.period_s = uuid, period_s
         self.power: list[tuple[float, float]] = []
+        self.power_error: str | None = None
         self.reason: str | None = "CPU run: no GPU" if uuid is None else None
         self._start: Reading | None = None
         self._end: Reading | None = None
@@ -182,6 +191,7 @@ class GpuEnergyMeter:
             self.reason = f"NVML unavailable: {exc}"
             return self
         self._start = self._read()
+        self._sample_once()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
@@ -194,13 +204,19 @@ class GpuEnergyMeter:
             self.reason = f"NVML's energy counter: {exc}"
             return None
 
+    def _sample_once(self) -> bool:
+        try:
+            watts = self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
+        except Exception as exc:
+            self.power_error = f"NVML power: {exc}"
+            return False
+        self.power.append((time.monotonic(), watts))
+        return True
+
     def _sample(self) -> None:
         while not self._stop.wait(self.period_s):
-            try:
-                watts = self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
-            except Exception:
+            if not self._sample_once():
                 return
-            self.power.append((time.monotonic(), watts))
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
@@ -208,6 +224,7 @@ class GpuEnergyMeter:
             self._thread.join()
         if self._start is not None:
             self._end = self._read()
+            self._sample_once()
 
     def energy(self) -> Energy:
         if self._start is None or self._end is None:
@@ -218,12 +235,21 @@ class GpuEnergyMeter:
 
 
 class CpuEnergyMeter:
-    """The CPU packages' energy over the `with` block (RAPL, node level: one meter per node)."""
+    """The CPU packages' energy over the `with` block (RAPL, node level: one meter per node).
 
-    def __init__(self, root: Path = POWERCAP) -> None:
+    A package counter wraps at max_energy_range_uj, about 262 kJ: 15-20 minutes of a busy
+    server package. Two reads could not tell one wrap from two, so a thread reads every
+    `period_s` (well inside a wrap) and adds up the steps, each corrected for one wrap."""
+
+    def __init__(self, root: Path = POWERCAP, period_s: float = 30.0) -> None:
         self.domains, self.reason = rapl_packages(root)
-        self._start: list[Reading] | None = None
-        self._end: list[Reading] | None = None
+        self.period_s = period_s
+        self.joules: list[float] = [0.0] * len(self.domains)
+        self._last: list[Reading] | None = None
+        self._ok = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def _read(self) -> list[Reading] | None:
         values, why = read_rapl(self.domains)
@@ -233,19 +259,45 @@ class CpuEnergyMeter:
         now = time.monotonic()
         return [Reading(now, v) for v in values]
 
+    def _step(self) -> bool:
+        """Add what each counter moved since the last read; False when a read failed."""
+        with self._lock:
+            now = self._read()
+            if now is None or self._last is None:
+                return False
+            for i, (domain, a, b) in enumerate(zip(self.domains, self._last, now, strict=True)):
+                moved = counter_delta(a.value, b.value, domain.wraps_at)
+                if moved is None:
+                    self.reason = f"{domain.name}: the counter went back and its range is unknown"
+                    return False
+                self.joules[i] += moved * 1e-6
+            self._last = now
+            return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            if not self._step():
+                return
+
     def __enter__(self) -> CpuEnergyMeter:
         if self.domains:
-            self._start = self._read()
+            self._last = self._read()
+            if self._last is not None:
+                self._thread = threading.Thread(target=self._run, daemon=True)
+                self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._start is not None:
-            self._end = self._read()
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._ok = self._step() and self.reason is None
 
     def energy(self) -> Energy:
-        if self._start is None or self._end is None:
+        if not self._ok:
             return Energy(None, None, self.reason or "no reading was taken")
-        return cpu_window_energy(self.domains, self._start, self._end)
+        return total([(d.name, Energy(j, "counter")) for d, j in zip(self.domains, self.joules, strict=True)])
 
 
 # --- one trial's energy metrics from its ranks ------------------------------------------------

@@ -145,3 +145,19 @@ def test_a_null_energy_metric_never_has_the_reason_none() -> None:
     assert metrics["energy_j"] == 50.0 and metrics["energy_per_sample_j"] is None
     assert reasons == {"energy_per_sample_j": "no sample was trained", "mean_power_w": "a zero-length window",
                        "cpu_energy_j": "no device to measure"}
+
+
+def test_the_cpu_meter_follows_a_counter_that_wraps_more_than_once(tmp_path: Path) -> None:
+    root = powercap(tmp_path, {"intel-rapl:0": ("package-0", 9_000, 10_000)})
+    counter = root / "intel-rapl:0" / "energy_uj"
+    with energy.CpuEnergyMeter(root, period_s=0.05) as meter:
+        for value in (2_000, 9_500, 1_000):  # 3000 (a wrap), 7500, 1500 (a wrap) microjoules
+            counter.write_text(f"{value}\n")
+            time.sleep(0.2)  # the meter reads in between
+    assert meter.energy().joules == pytest.approx(0.012)
+
+
+def test_short_window_power_is_held_out_to_the_window_edges() -> None:
+    # samples start a period late and end a period early: 0.5 s at 200 W is 100 J, not 40
+    found = energy.window_energy(Reading(0.0, 5), Reading(0.5, 5), 1e-3, None, [(0.1, 200.0), (0.3, 200.0)])
+    assert found.joules == pytest.approx(100.0) and found.source == "integrated power"

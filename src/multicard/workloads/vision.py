@@ -181,9 +181,12 @@ def main(argv: list[str] | None = None) -> None:
     usage = resources.RankUsage()  # CPU seconds of the rank and its workers, their affinity
     with ExitStack() as sampling:
         sampling.enter_context(failure_named(args.out, rank, loader))
+        # the meters' windows end where train_time does (closed explicitly below), not after
+        # the tracer's export
+        meters = sampling.enter_context(ExitStack())
         # samplers first, then the barrier: every rank's clock starts right after it
         t_train = start_together([util, gpu_energy, usage, *([cpu_energy] if cpu_energy else [])],
-                                 dist.barrier, sampling)
+                                 dist.barrier, meters)
         timeline["clock_start"] = time.time()
         tracer.start()
         for epoch in range(args.epochs):
@@ -220,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
             h2d.append(loader.h2d_seconds())
         synchronize(device)
         train_time = time.perf_counter() - t_train
+        meters.close()
         tracer.stop()
     timeline["train_done"] = time.time()
     # memory at the end of training: evaluation's larger batches must not set the peak
