@@ -7,7 +7,10 @@ Over the span from the first device operation to the last, every instant is one 
   API call started after the GPU fell idle): the GPU waits on the host;
 - idle: nothing runs though the next operation was launched (a dependency, a synchronisation,
   or a launch whose record is missing).
-The four add up to the span. Pure numpy/pandas on interval arrays (nanoseconds); the trace
+The four add up to the span. Host and idle are told apart only where the launch of the operation
+after a gap is in the trace; where that covers under half of the gap time (copies without a
+correlation id, launches through the driver API the trace did not record) both are None, and
+`matched` says how much was covered. Pure numpy/pandas on interval arrays (nanoseconds); the trace
 parsers feed them.
 """
 
@@ -18,18 +21,22 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+MIN_MATCHED = 0.5
+
 
 @dataclass(frozen=True)
 class Breakdown:
     span_ns: int
     busy_ns: int
     copy_ns: int
-    host_ns: int
-    idle_ns: int
+    host_ns: int | None
+    idle_ns: int | None
+    matched: float | None = None  # the share of gap time whose next operation's launch is known
 
     def fractions(self) -> dict[str, float | None]:
         parts = {"busy": self.busy_ns, "copy": self.copy_ns, "host": self.host_ns, "idle": self.idle_ns}
-        return {k: (v / self.span_ns if self.span_ns else None) for k, v in parts.items()}
+        return {k: (v / self.span_ns if self.span_ns and v is not None else None)
+                for k, v in parts.items()}
 
 
 def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -71,6 +78,10 @@ def breakdown(kernels: pd.DataFrame, copies: pd.DataFrame, launches: pd.DataFram
     # the earliest call per correlation id (a trace may list one twice, or none at all)
     launched = launches.dropna(subset=["correlation"]).groupby("correlation")["start"].min()
     launch = first["correlation"].map(launched).to_numpy(float)
+    total_gap = int(gaps.sum())
+    matched = float(gaps[~np.isnan(launch)].sum() / total_gap) if total_gap else None
+    if matched is not None and matched < MIN_MATCHED:
+        return Breakdown(span, busy, copy_only, None, None, matched)
     waited = np.clip(np.nan_to_num(launch - seg_ends[:-1], nan=0.0), 0, gaps)
     host = int(waited.sum())
-    return Breakdown(span, busy, copy_only, host, int(gaps.sum()) - host)
+    return Breakdown(span, busy, copy_only, host, total_gap - host, matched)

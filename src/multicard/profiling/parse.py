@@ -84,14 +84,15 @@ def empty_summary(fmt: str) -> dict[str, Any]:
     return summary
 
 
-BREAKDOWN_KEYS = ("gpu_span_ns", "gpu_busy_ns", "gpu_copy_ns", "gpu_host_wait_ns", "gpu_idle_ns")
+BREAKDOWN_KEYS = ("gpu_span_ns", "gpu_busy_ns", "gpu_copy_ns", "gpu_host_wait_ns", "gpu_idle_ns",
+                  "gpu_launch_matched")
 
 
-def breakdown_metrics(found: breakdown.Breakdown) -> dict[str, int | None]:
+def breakdown_metrics(found: breakdown.Breakdown) -> dict[str, float | None]:
     if not found.span_ns:
         return dict.fromkeys(BREAKDOWN_KEYS)
     return dict(zip(BREAKDOWN_KEYS, (found.span_ns, found.busy_ns, found.copy_ns, found.host_ns,
-                                     found.idle_ns), strict=True))
+                                     found.idle_ns, found.matched), strict=True))
 
 
 def summarize(path: Path) -> dict[str, Any]:
@@ -142,7 +143,7 @@ def summarize_nsys(path: Path) -> dict[str, Any]:
         db.close()
 
 
-def _nsys_breakdown(db: sqlite3.Connection, tables: set[str]) -> dict[str, int | None]:
+def _nsys_breakdown(db: sqlite3.Connection, tables: set[str]) -> dict[str, float | None]:
     """The GPU timeline of kernels, copies and memsets against the runtime calls that launched
     them (nsys's correlationId links the two)."""
     def read(table: str, columns: str, names: list[str]) -> pd.DataFrame:
@@ -343,7 +344,7 @@ def summarize_kineto(doc: Any, path: Path) -> dict[str, Any]:
     return summary
 
 
-def _kineto_breakdown(frame: pd.DataFrame) -> dict[str, int | None]:
+def _kineto_breakdown(frame: pd.DataFrame) -> dict[str, float | None]:
     """Kernels, copies and memsets against the runtime calls that launched them (Kineto's
     `correlation` argument links the two)."""
     start = (pd.to_numeric(frame["ts"]) * 1000).round().astype(np.int64)
@@ -353,7 +354,7 @@ def _kineto_breakdown(frame: pd.DataFrame) -> dict[str, int | None]:
     columns = ["start", "end", "correlation"]
     return breakdown_metrics(breakdown.breakdown(
         ops[ops["cat"] == "kernel"][columns], ops[ops["cat"].isin(["gpu_memcpy", "gpu_memset"])][columns],
-        ops[ops["cat"] == "cuda_runtime"][["correlation", "start"]]))
+        ops[ops["cat"].isin(["cuda_runtime", "cuda_driver"])][["correlation", "start"]]))
 
 
 def _kineto_copies(copies: pd.DataFrame) -> dict[str, int]:

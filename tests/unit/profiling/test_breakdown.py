@@ -27,7 +27,7 @@ def test_a_timeline_with_every_kind_of_time() -> None:
     copies = frame([(100, 150, 2), (250, 320, 4)])
     launches = pd.DataFrame({"correlation": [1, 2, 3, 4, 5], "start": [-5, 90, 180, 240, 310]})
     found = breakdown.breakdown(kernels, copies, launches)
-    assert found == Breakdown(span_ns=500, busy_ns=300, copy_ns=70, host_ns=30, idle_ns=100)
+    assert found == Breakdown(span_ns=500, busy_ns=300, copy_ns=70, host_ns=30, idle_ns=100, matched=1.0)
     assert found.busy_ns + found.copy_ns + found.host_ns + found.idle_ns == found.span_ns
     assert found.fractions() == pytest.approx({"busy": 0.6, "copy": 0.14, "host": 0.06, "idle": 0.2})
 
@@ -36,7 +36,14 @@ def test_a_launch_after_the_whole_gap_makes_it_all_host_and_a_missing_one_idle()
     kernels = frame([(0, 10, 1), (50, 60, 2), (100, 110, 3)])
     launches = pd.DataFrame({"correlation": [1, 2], "start": [0, 70]})  # 3's launch not recorded
     found = breakdown.breakdown(kernels, frame([]), launches)
-    assert (found.host_ns, found.idle_ns) == (40, 40)
+    assert (found.host_ns, found.idle_ns, found.matched) == (40, 40, 0.5)
+
+
+def test_without_most_launches_host_wait_and_idle_are_not_told_apart() -> None:
+    kernels = frame([(0, 10, 1), (50, 60, 2), (100, 110, 3)])
+    found = breakdown.breakdown(kernels, frame([]), pd.DataFrame({"correlation": [], "start": []}))
+    assert (found.busy_ns, found.host_ns, found.idle_ns, found.matched) == (30, None, None, 0.0)
+    assert found.fractions()["host"] is None and found.fractions()["busy"] == pytest.approx(30 / 110)
 
 
 def test_an_empty_trace_has_no_fractions() -> None:

@@ -104,9 +104,10 @@ EXPECTED_MODERN = {
     # epoch 0: marker at 0, first step at 100; epoch 1: last step ended at 300, next starts at 1000
     "epoch_pauses_ns": {0: 100, 1: 700},
     # the GPU timeline 1000-3900: kernels 1607 ns, copies alone 550 (200 + 100 + 100 + 50 + 100),
-    # eight gaps of 743 ns, every next operation launched before its gap began: no host wait
-    "gpu_span_ns": 2900, "gpu_busy_ns": 1607, "gpu_copy_ns": 550, "gpu_host_wait_ns": 0,
-    "gpu_idle_ns": 743,
+    # eight gaps of 743 ns; the copies carry no correlation id, so only the 300 ns of gaps before
+    # a kernel have a known launch: too little to tell host wait from idle
+    "gpu_span_ns": 2900, "gpu_busy_ns": 1607, "gpu_copy_ns": 550, "gpu_host_wait_ns": None,
+    "gpu_idle_ns": None, "gpu_launch_matched": 300 / 743,
 }
 
 
@@ -165,9 +166,10 @@ def test_kineto_fixture_by_hand() -> None:
         "memcpy_dtoh_count": 1, "memcpy_dtoh_bytes": 40, "memcpy_dtoh_ns": 1_000,
         "epoch_pauses_ns": {0: 100_000, 1: 1_100_500},
         # 1106-1291 us: kernels 20 + 100 us, copies alone 8 + 2.5 + 1 us, gaps 1 + 32.5 + 5 + 15 us
-        # (each next operation launched before the gap, or with no launch record: idle)
+        # (each next operation launched before the gap, or with no launch record: idle; the gaps
+        # before kernels, 37.5 of 53.5 us, have their launch)
         "gpu_span_ns": 185_000, "gpu_busy_ns": 120_000, "gpu_copy_ns": 11_500,
-        "gpu_host_wait_ns": 0, "gpu_idle_ns": 53_500,
+        "gpu_host_wait_ns": 0, "gpu_idle_ns": 53_500, "gpu_launch_matched": 37_500 / 53_500,
     }
 
 
