@@ -40,7 +40,7 @@ import pandas as pd
 from multicard import stats, summarize
 from multicard.errors import InputError
 from multicard.params import WORKLOAD_METRICS, WORKLOAD_PARAMS
-from multicard.profiling.parse import empty_summary
+from multicard.profiling.parse import NOT_NUMBERS, empty_summary
 from multicard.spec import Spec
 
 KINDS = ("range", "direction", "negligible", "not_worse", "outcome", "numa", "dominates", "shrinks",
@@ -122,7 +122,7 @@ FILE_NAME = "claims.toml"
 QUESTIONS_FILE = "energy_questions.toml"  # the artifact's own questions, answered the same way
 SETTINGS = frozenset(name for table in WORKLOAD_PARAMS.values() for name in table)
 METRICS = frozenset(m for metrics in WORKLOAD_METRICS.values() for m in metrics) | frozenset(
-    f"trace.{key}" for key in empty_summary("") if key not in ("format", "epoch_pauses_ns"))
+    f"trace.{key}" for key in empty_summary("") if key not in NOT_NUMBERS)
 TRACE_METRICS = frozenset(m.removeprefix("trace.") for m in METRICS if m.startswith("trace."))
 
 

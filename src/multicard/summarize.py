@@ -15,6 +15,7 @@ import pandas as pd
 
 from multicard import cost, ladder, stats
 from multicard import spec as specmod
+from multicard.profiling import parse
 from multicard.spec import Spec
 
 # Metrics where larger is better: their speedup is mean(x) / mean(baseline).
@@ -230,7 +231,7 @@ def trace_trials(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
         per_rank = pd.DataFrame([s for s in record["trace_metrics"].values() if "error" not in s])
         if per_rank.empty:
             continue
-        numbers = per_rank.drop(columns=["format", "epoch_pauses_ns"], errors="ignore").mean()
+        numbers = per_rank.drop(columns=list(parse.NOT_NUMBERS), errors="ignore").mean()
         rows.append({**record["config"], "config_id": record["config_id"], "trial": record["trial"],
                      "trace": record["trace"], **numbers.to_dict()})
     return _in_grid_order(spec, pd.DataFrame(rows)) if rows else pd.DataFrame()

@@ -61,23 +61,34 @@ def covered(starts: np.ndarray, ends: np.ndarray) -> int:
     return int((seg_ends - seg_starts).sum())
 
 
+OP_COLUMNS = ("start", "end", "process", "device", "correlation")
+
+
 def breakdown(kernels: pd.DataFrame, copies: pd.DataFrame, launches: pd.DataFrame) -> Breakdown:
-    """`kernels` and `copies`: start, end, correlation; `launches`: correlation, start (the
-    runtime API call that launched each operation)."""
-    ops = pd.concat([kernels, copies], ignore_index=True).sort_values("start", kind="stable")
-    if ops.empty:
+    """One device's timeline. `kernels` and `copies`: start, end, correlation; `launches`:
+    correlation, start (the API call that launched each operation). Correlation 0 or missing
+    means "not known": CUPTI numbers correlations from 1."""
+    def column(frame: pd.DataFrame, name: str, dtype: type) -> np.ndarray:
+        return pd.to_numeric(frame[name]).to_numpy(dtype, na_value=0) if len(frame) else np.array([], dtype)
+
+    k_starts, k_ends = column(kernels, "start", np.int64), column(kernels, "end", np.int64)
+    starts = np.concatenate([k_starts, column(copies, "start", np.int64)])
+    if not len(starts):
         return Breakdown(0, 0, 0, 0, 0)
-    starts, ends = ops["start"].to_numpy(np.int64), ops["end"].to_numpy(np.int64)
+    order = np.argsort(starts, kind="stable")
+    starts = starts[order]
+    ends = np.concatenate([k_ends, column(copies, "end", np.int64)])[order]
+    correlation = np.concatenate([column(kernels, "correlation", np.int64),
+                                  column(copies, "correlation", np.int64)])[order]
     seg_starts, seg_ends, segment = union(starts, ends)
     span = int(seg_ends[-1] - seg_starts[0])
-    busy = covered(kernels["start"].to_numpy(np.int64), kernels["end"].to_numpy(np.int64))
+    busy = covered(k_starts, k_ends)
     copy_only = int((seg_ends - seg_starts).sum()) - busy
     gaps = seg_starts[1:] - seg_ends[:-1]
-    # the operation that ends each gap: the first of the next segment
-    first = ops.assign(segment=segment).groupby("segment", sort=True).head(1).iloc[1:]
-    # the earliest call per correlation id (a trace may list one twice, or none at all)
-    launched = launches.dropna(subset=["correlation"]).groupby("correlation")["start"].min()
-    launch = first["correlation"].map(launched).to_numpy(float)
+    # the operation that ends each gap: the first (in start order) of the next segment
+    first = np.flatnonzero(np.diff(segment)) + 1
+    launch = earliest_launch(correlation[first], column(launches, "correlation", np.int64),
+                             column(launches, "start", np.int64))
     total_gap = int(gaps.sum())
     matched = float(gaps[~np.isnan(launch)].sum() / total_gap) if total_gap else None
     if matched is not None and matched < MIN_MATCHED:
@@ -85,3 +96,42 @@ def breakdown(kernels: pd.DataFrame, copies: pd.DataFrame, launches: pd.DataFram
     waited = np.clip(np.nan_to_num(launch - seg_ends[:-1], nan=0.0), 0, gaps)
     host = int(waited.sum())
     return Breakdown(span, busy, copy_only, host, total_gap - host, matched)
+
+
+def earliest_launch(wanted: np.ndarray, correlation: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """For each wanted correlation id, the start of the earliest call carrying it (a trace may
+    list one twice), NaN where none does or the id is 0 (unknown)."""
+    keep = (correlation > 0) & np.isin(correlation, wanted)
+    correlation, start = correlation[keep], start[keep]
+    order = np.lexsort((start, correlation))
+    correlation, start = correlation[order], start[order]
+    first = np.ones(len(correlation), dtype=bool)
+    first[1:] = correlation[1:] != correlation[:-1]
+    correlation, start = correlation[first], start[first]
+    found = np.full(len(wanted), np.nan)
+    if len(correlation):
+        at = np.minimum(np.searchsorted(correlation, wanted), len(correlation) - 1)
+        hit = (correlation[at] == wanted) & (wanted > 0)
+        found[hit] = start[at[hit]]
+    return found
+
+
+def per_device(kernels: pd.DataFrame, copies: pd.DataFrame,
+               launches: pd.DataFrame) -> dict[tuple[int, int], Breakdown]:
+    """{(process, device): its timeline's breakdown}. Operations have OP_COLUMNS, launches
+    process, correlation, start: a correlation id names a launch only within its process."""
+    devices = pd.concat([kernels[["process", "device"]].drop_duplicates(),
+                         copies[["process", "device"]].drop_duplicates()]).drop_duplicates()
+    one = len(devices) == 1 and set(launches["process"].unique()) <= {devices.iloc[0]["process"]}
+    found = {}
+    for process, device in sorted(devices.astype(np.int64).itertuples(index=False, name=None)):
+        # one device and one process (a trace per rank, as the runner writes): nothing to filter
+        mine = (kernels, copies, launches) if one else (
+            _on(kernels, process, device), _on(copies, process, device),
+            launches[launches["process"] == process])
+        found[(int(process), int(device))] = breakdown(*mine)
+    return found
+
+
+def _on(ops: pd.DataFrame, process: int, device: int) -> pd.DataFrame:
+    return ops[(ops["process"] == process) & (ops["device"] == device)]

@@ -1,8 +1,8 @@
 """Traces -> the paper's Nsight metrics (DESIGN.md "Trace summary"), for nsys SQLite and Kineto JSON.
 
-Every total is aggregated by SQLite or pandas: a trace of a 20-epoch run holds millions of rows.
-The SQL is shaped for speed (benchmarks/trace_parse.py): row selection in WHERE and aggregate
-FILTER clauses, no GROUP BY sort, and each table read at most twice.
+A trace of a 20-epoch run holds millions of rows, so each activity table is read once, as Arrow
+columns (connectorx; the two big tables at the same time), and every total and the GPU timeline
+breakdown are computed from those arrays with numpy (benchmarks/trace_parse.py measures it).
 
 nsys SQLite (`nsys export --type sqlite`), any version from 2021 on:
 - names come from `StringIds(id, value)`, or from the older `StringTable(_id_, value)`;
@@ -16,7 +16,8 @@ nsys SQLite (`nsys export --type sqlite`), any version from 2021 on:
 - copy direction and source memory come from ENUM_CUDA_MEMCPY_OPER / ENUM_CUDA_MEM_KIND when the
   export has them, else from nsys's own numbering (HtoD 1, DtoH 2; pageable 0, pinned 1; note that
   CUPTI numbers memory kinds differently, pageable 1, pinned 2);
-- correlation ids repeat across processes, so nothing here joins on them;
+- correlation ids repeat across processes: an operation is joined to its launch by (process,
+  correlation id), and the GPU timeline is broken down per (process, device);
 - text that is not valid UTF-8 is decoded with replacement characters.
 
 Kineto (PyTorch profiler) Chrome traces, plain or gzipped: categories `cuda_runtime`, `kernel`,
@@ -36,9 +37,10 @@ import json
 import re
 import sqlite3
 import zlib
-from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
@@ -81,11 +83,14 @@ def empty_summary(fmt: str) -> dict[str, Any]:
     summary["epoch_pauses_ns"] = {}
     # the GPU timeline's breakdown (profiling.breakdown): None where the trace has no GPU work
     summary |= dict.fromkeys(BREAKDOWN_KEYS)
+    summary["gpu_timelines"] = []
     return summary
 
 
 BREAKDOWN_KEYS = ("gpu_span_ns", "gpu_busy_ns", "gpu_copy_ns", "gpu_host_wait_ns", "gpu_idle_ns",
                   "gpu_launch_matched")
+# summary entries that are not one number per rank (tables average the rest)
+NOT_NUMBERS = ("format", "epoch_pauses_ns", "gpu_timelines")
 
 
 def breakdown_metrics(found: breakdown.Breakdown) -> dict[str, float | None]:
@@ -93,6 +98,24 @@ def breakdown_metrics(found: breakdown.Breakdown) -> dict[str, float | None]:
         return dict.fromkeys(BREAKDOWN_KEYS)
     return dict(zip(BREAKDOWN_KEYS, (found.span_ns, found.busy_ns, found.copy_ns, found.host_ns,
                                      found.idle_ns, found.matched), strict=True))
+
+
+def device_metrics(found: dict[tuple[int, int], breakdown.Breakdown]) -> dict[str, Any]:
+    """Each (process, device) timeline in `gpu_timelines`, and their sum in the top-level keys
+    (host wait and idle only where every timeline tells them apart)."""
+    timelines = [{"process": p, "device": d, **breakdown_metrics(b)} for (p, d), b in found.items()]
+    parts = list(found.values())
+    if not parts or not sum(b.span_ns for b in parts):
+        return {**dict.fromkeys(BREAKDOWN_KEYS), "gpu_timelines": timelines}
+    gaps = [b.span_ns - b.busy_ns - b.copy_ns for b in parts]
+    split = all(b.host_ns is not None for b in parts)
+    matched = (sum(g * (b.matched or 0.0) for g, b in zip(gaps, parts, strict=True)) / sum(gaps)
+               if sum(gaps) else None)
+    total = breakdown.Breakdown(
+        sum(b.span_ns for b in parts), sum(b.busy_ns for b in parts), sum(b.copy_ns for b in parts),
+        sum(b.host_ns or 0 for b in parts) if split else None,
+        sum(b.idle_ns or 0 for b in parts) if split else None, matched)
+    return {**breakdown_metrics(total), "gpu_timelines": timelines}
 
 
 def summarize(path: Path) -> dict[str, Any]:
@@ -122,41 +145,106 @@ def summarize(path: Path) -> dict[str, Any]:
 
 # --- nsys SQLite -----------------------------------------------------------------------------
 
+KERNELS, RUNTIME = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"
+MEMCPY, MEMSET = "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"
+
+
 def summarize_nsys(path: Path) -> dict[str, Any]:
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    # quoted: a run directory named "run #1?" would otherwise end the file name early
+    db = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
     db.text_factory = lambda raw: raw.decode("utf-8", errors="replace")
     try:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if not tables & {"StringIds", "StringTable"} and not any(t.startswith("CUPTI_") for t in tables):
             raise InputError(f"{path}: an SQLite file without nsys tables")
         strings = _string_table(tables)
-        summary = empty_summary("nsys-sqlite")
-        summary |= _nsys_kernels(db, tables, strings)
-        summary |= _nsys_runtime(db, tables, strings)
-        summary |= _nsys_copies(db, tables)
-        summary["epoch_pauses_ns"] = _nsys_pauses(db, tables, strings)
-        summary |= _nsys_breakdown(db, tables)
-        return summary
+        names = dict(db.execute(f"SELECT id, value FROM {strings}").fetchall())
+        columns = {t: _columns(db, t) for t in (KERNELS, RUNTIME, MEMCPY, MEMSET) if t in tables}
+        backtrace = _backtrace_class(db, tables)
+        copy_codes = _copy_codes(db, tables)
+        pauses = _nsys_pauses(db, tables, strings)
     except sqlite3.DatabaseError as exc:
         raise InputError(f"{path}: unreadable SQLite ({exc})") from None
     finally:
         db.close()
+    kernels, runtime, copies, memsets = _read_activity(path, columns, backtrace)
+    summary = empty_summary("nsys-sqlite")
+    summary |= _nsys_kernels(kernels, names)
+    summary |= _nsys_runtime(runtime, names)
+    summary |= _nsys_copies(copies, copy_codes)
+    summary["epoch_pauses_ns"] = pauses
+    summary |= _nsys_breakdown(kernels, pd.concat([copies, memsets], ignore_index=True), runtime)
+    return summary
 
 
-def _nsys_breakdown(db: sqlite3.Connection, tables: set[str]) -> dict[str, float | None]:
-    """The GPU timeline of kernels, copies and memsets against the runtime calls that launched
-    them (nsys's correlationId links the two)."""
-    def read(table: str, columns: str, names: list[str]) -> pd.DataFrame:
-        if table not in tables:
-            return pd.DataFrame(columns=names)
-        return pd.read_sql_query(f"SELECT {columns} FROM {table}", db).set_axis(names, axis=1)
+# What each activity table contributes; a column an export lacks is filled with zeros.
+ACTIVITY_COLUMNS = {
+    KERNELS: ("start", "end", "correlationId", "globalPid", "deviceId", "name"),
+    MEMCPY: ("start", "end", "correlationId", "globalPid", "deviceId", "copyKind", "srcKind", "bytes"),
+    MEMSET: ("start", "end", "correlationId", "globalPid", "deviceId"),
+    RUNTIME: ("start", "end", "correlationId", "globalTid", "nameId"),
+}
 
-    interval = ["start", "end", "correlation"]
-    kernels = read("CUPTI_ACTIVITY_KIND_KERNEL", "start, end, correlationId", interval)
-    copies = pd.concat([read(t, "start, end, correlationId", interval)
-                        for t in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")])
-    launches = read("CUPTI_ACTIVITY_KIND_RUNTIME", "correlationId, start", ["correlation", "start"])
-    return breakdown_metrics(breakdown.breakdown(kernels, copies, launches))
+
+def _read_activity(path: Path, columns: dict[str, set[str]], backtrace: int) -> list[pd.DataFrame]:
+    """The four activity tables, each read once, the two big ones at the same time.
+
+    Rows come out as Arrow columns (connectorx), not as Python tuples: a 20-epoch trace holds
+    millions of rows, and per-row Python objects would cost ten times the SQLite scan itself
+    (benchmarks/trace_parse.py)."""
+    queries = {table: _activity_query(table, columns, backtrace) for table in ACTIVITY_COLUMNS}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        runtime = pool.submit(_fetch, path, queries[RUNTIME])
+        rest = [_fetch(path, queries[t]) for t in (KERNELS, MEMCPY, MEMSET)]
+        return [rest[0], runtime.result(), rest[1], rest[2]]
+
+
+def _activity_query(table: str, columns: dict[str, set[str]], backtrace: int) -> str | None:
+    if table not in columns:
+        return None
+    present = columns[table]
+    name = next((c for c in ("demangledName", "shortName", "name") if c in present), None)
+    selects = []
+    for wanted in ACTIVITY_COLUMNS[table]:
+        source = name if wanted == "name" else (wanted if wanted in present else None)
+        selects.append(f"{source} AS {wanted}" if source else f"0 AS {wanted}")
+    where = f" WHERE eventClass != {backtrace}" if table == RUNTIME and "eventClass" in present else ""
+    return f"SELECT {', '.join(selects)} FROM {table}{where}"
+
+
+def _fetch(path: Path, query: str | None) -> pd.DataFrame:
+    if query is None:
+        return pd.DataFrame()
+    import connectorx
+
+    try:
+        table = connectorx.read_sql(f"sqlite://{quote(str(path.resolve()))}", query, return_type="arrow")
+    except RuntimeError as exc:
+        raise InputError(f"{path}: unreadable SQLite ({exc})") from None
+    # NULLs (a copy without a correlation id) become 0: CUPTI numbers correlations from 1
+    return pd.DataFrame({name: column.fill_null(0).to_numpy() for name, column
+                         in zip(table.column_names, table.columns, strict=True)})
+
+
+def _nsys_breakdown(kernels: pd.DataFrame, copies: pd.DataFrame, runtime: pd.DataFrame) -> dict[str, Any]:
+    """The GPU timeline of kernels, copies and memsets of each (process, device) against the
+    runtime calls that launched them: correlation ids are unique within a process only."""
+    def ops(frame: pd.DataFrame) -> pd.DataFrame:
+        if frame.empty:
+            return pd.DataFrame({k: pd.Series(dtype=np.int64) for k in breakdown.OP_COLUMNS})
+        return pd.DataFrame({"start": frame["start"], "end": frame["end"],
+                             "process": _pid(frame["globalPid"]), "device": frame["deviceId"],
+                             "correlation": frame["correlationId"]})
+
+    launches = pd.DataFrame({"process": _pid(runtime["globalTid"]) if not runtime.empty else [],
+                             "correlation": runtime.get("correlationId", []),
+                             "start": runtime.get("start", [])})
+    return device_metrics(breakdown.per_device(ops(kernels), ops(copies), launches))
+
+
+def _pid(global_id: pd.Series) -> pd.Series:
+    """The process id inside nsys's globalTid/globalPid (bits 24-47)."""
+    return (global_id.to_numpy(np.int64) >> 24) & 0xFFFFFF
 
 
 def _string_table(tables: set[str]) -> str:
@@ -172,53 +260,43 @@ def _columns(db: sqlite3.Connection, table: str) -> set[str]:
     return {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
 
 
-def _ids(db: sqlite3.Connection, strings: str, names: Iterable[str]) -> list[int]:
-    """Ids of the given string values, found with one scan of the (small) string table."""
-    wanted = set(names)
-    return [i for i, value in db.execute(f"SELECT id, value FROM {strings}") if value in wanted]
+def _total(frame: pd.DataFrame, selected: np.ndarray | None = None) -> tuple[int, int]:
+    """(count, summed duration in ns) of the selected rows."""
+    if frame.empty:
+        return 0, 0
+    durations = frame["end"].to_numpy(np.int64) - frame["start"].to_numpy(np.int64)
+    if selected is not None:
+        durations = durations[selected]
+    return len(durations), int(durations.sum())
 
 
-def _nsys_kernels(db: sqlite3.Connection, tables: set[str], strings: str) -> dict[str, int]:
-    table = "CUPTI_ACTIVITY_KIND_KERNEL"
-    if table not in tables:
+def _nsys_kernels(kernels: pd.DataFrame, names: dict[int, str]) -> dict[str, int]:
+    if kernels.empty:
         return {}
-    name_column = next((c for c in ("demangledName", "shortName", "name") if c in _columns(db, table)),
-                       None)
-    total = db.execute(f"SELECT COUNT(*), SUM(end - start) FROM {table}").fetchone()
-    out = {"kernel_count": total[0], "kernel_ns": total[1] or 0}
-    nccl = [i for i, v in db.execute(f"SELECT id, value FROM {strings}") if "nccl" in v.lower()] \
-        if name_column else []
+    out = dict(zip(("kernel_count", "kernel_ns"), _total(kernels), strict=True))
+    nccl = [i for i, v in names.items() if "nccl" in v.lower()]
     if nccl:
-        ids = ",".join(map(str, nccl))
-        row = db.execute(f"SELECT COUNT(*), SUM(end - start) FROM {table} "
-                         f"WHERE {name_column} IN ({ids})").fetchone()
-        out |= {"nccl_kernel_count": row[0], "nccl_kernel_ns": row[1] or 0}
+        found = _total(kernels, np.isin(kernels["name"].to_numpy(), nccl))
+        out |= dict(zip(("nccl_kernel_count", "nccl_kernel_ns"), found, strict=True))
     return out
 
 
-def _nsys_runtime(db: sqlite3.Connection, tables: set[str], strings: str) -> dict[str, int]:
-    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
-    if table not in tables:
+def _nsys_runtime(runtime: pd.DataFrame, names: dict[int, str]) -> dict[str, int]:
+    if runtime.empty:
         return {}
-    by_metric: dict[str, list[int]] = {}
-    for i, value in db.execute(f"SELECT id, value FROM {strings}"):
-        metric = API_METRICS.get(api_name(value)) if value.startswith("cuda") else None
-        if metric:
-            by_metric.setdefault(metric, []).append(i)
-    if not by_metric:
-        return {}
-    every = ",".join(str(i) for ids in by_metric.values() for i in ids)
-    calls = f"nameId IN ({every})"
-    if "eventClass" in _columns(db, table):
-        calls += f" AND eventClass != {_backtrace_class(db, tables)}"
-    selects = []
-    for metric in by_metric:
-        one = f"FILTER (WHERE nameId IN ({','.join(map(str, by_metric[metric]))}))"
-        selects += [f"COUNT(*) {one}", f"SUM(end - start) {one}"]
-    row = db.execute(f"SELECT {', '.join(selects)} FROM {table} WHERE {calls}").fetchone()
+    # a metric number per string id, looked up by array index: a dict lookup per row of a
+    # multi-million-row table would cost more than reading it
+    metric_of = {i: m for i, v in names.items()
+                 if v.startswith("cuda") and (m := API_METRICS.get(api_name(v)))}
+    metrics = sorted(set(metric_of.values()))
+    lookup = np.full(max(names, default=0) + 2, -1)
+    for i, metric in metric_of.items():
+        lookup[i] = metrics.index(metric)
+    ids = runtime["nameId"].to_numpy(np.int64)
+    codes = lookup[np.where((ids >= 0) & (ids < len(lookup)), ids, -1)]
     out = {}
-    for k, metric in enumerate(by_metric):
-        out[f"{metric}_count"], out[f"{metric}_ns"] = row[2 * k] or 0, row[2 * k + 1] or 0
+    for k, metric in enumerate(metrics):
+        out[f"{metric}_count"], out[f"{metric}_ns"] = _total(runtime, codes == k)
     return out
 
 
@@ -238,27 +316,34 @@ def _enum(db: sqlite3.Connection, tables: set[str], table: str, wanted: dict[str
     return {name: int(found.get(name, default)) for name, default in wanted.items()}
 
 
-def _nsys_copies(db: sqlite3.Connection, tables: set[str]) -> dict[str, int]:
-    table = "CUPTI_ACTIVITY_KIND_MEMCPY"
-    if table not in tables:
-        return {}
+def _copy_codes(db: sqlite3.Connection, tables: set[str]) -> dict[str, int | None]:
     kinds = _enum(db, tables, "ENUM_CUDA_MEMCPY_OPER", NSYS_COPY_KIND)
     mem = _enum(db, tables, "ENUM_CUDA_MEM_KIND", NSYS_MEM_KIND)
-    src = "srcKind" if "srcKind" in _columns(db, table) else "NULL"
-    htod, dtoh = kinds["CUDA_MEMCPY_KIND_HTOD"], kinds["CUDA_MEMCPY_KIND_DTOH"]
-    pageable, pinned = mem["CUDA_MEMOPR_MEMORY_KIND_PAGEABLE"], mem["CUDA_MEMOPR_MEMORY_KIND_PINNED"]
-    conditions = {"memcpy_htod": f"copyKind = {htod}", "memcpy_dtoh": f"copyKind = {dtoh}",
-                  "memcpy_htod_pageable": f"copyKind = {htod} AND {src} = {pageable}",
-                  "memcpy_htod_pinned": f"copyKind = {htod} AND {src} = {pinned}"}
-    selects = []
-    for condition in conditions.values():
-        selects += [f"COUNT(*) FILTER (WHERE {condition})", f"SUM(bytes) FILTER (WHERE {condition})",
-                    f"SUM(end - start) FILTER (WHERE {condition})"]
-    row = db.execute(f"SELECT {', '.join(selects)} FROM {table} "
-                     f"WHERE copyKind IN ({htod}, {dtoh})").fetchone()
+    has_source = MEMCPY in tables and "srcKind" in _columns(db, MEMCPY)
+    return {"htod": kinds["CUDA_MEMCPY_KIND_HTOD"], "dtoh": kinds["CUDA_MEMCPY_KIND_DTOH"],
+            "pageable": mem["CUDA_MEMOPR_MEMORY_KIND_PAGEABLE"] if has_source else None,
+            "pinned": mem["CUDA_MEMOPR_MEMORY_KIND_PINNED"] if has_source else None}
+
+
+def _nsys_copies(copies: pd.DataFrame, codes: dict[str, int | None]) -> dict[str, int]:
+    if copies.empty:
+        return {}
+    kind, source = copies["copyKind"].to_numpy(), copies["srcKind"].to_numpy()
+    htod = kind == codes["htod"]
+    selections = {"memcpy_htod": htod, "memcpy_dtoh": kind == codes["dtoh"],
+                  "memcpy_htod_pageable": htod & (source == codes["pageable"]),
+                  "memcpy_htod_pinned": htod & (source == codes["pinned"])}
+    return _copy_totals(copies, selections)
+
+
+def _copy_totals(copies: pd.DataFrame, selections: dict[str, np.ndarray]) -> dict[str, int]:
+    durations = (copies["end"] - copies["start"]).to_numpy(np.int64)
+    size = pd.to_numeric(copies["bytes"]).to_numpy()
     out = {}
-    for k, name in enumerate(conditions):
-        out[f"{name}_count"], out[f"{name}_bytes"], out[f"{name}_ns"] = (v or 0 for v in row[3 * k:3 * k + 3])
+    for name, selected in selections.items():
+        out[f"{name}_count"] = int(selected.sum())
+        out[f"{name}_bytes"] = int(size[selected].sum())
+        out[f"{name}_ns"] = int(durations[selected].sum())
     return out
 
 
@@ -344,17 +429,21 @@ def summarize_kineto(doc: Any, path: Path) -> dict[str, Any]:
     return summary
 
 
-def _kineto_breakdown(frame: pd.DataFrame) -> dict[str, float | None]:
-    """Kernels, copies and memsets against the runtime calls that launched them (Kineto's
-    `correlation` argument links the two)."""
+def _kineto_breakdown(frame: pd.DataFrame) -> dict[str, Any]:
+    """Kernels, copies and memsets of each device against the runtime and driver calls that
+    launched them (Kineto's `correlation` argument links the two; one trace is one process, and
+    a GPU event's `pid` is its device)."""
     start = (pd.to_numeric(frame["ts"]) * 1000).round().astype(np.int64)
+    args = frame["args"].map(lambda a: a if isinstance(a, dict) else {})
+    device = args.map(lambda a: a.get("device")).fillna(frame.get("pid", pd.Series(0, frame.index)))
     ops = pd.DataFrame({"cat": frame["cat"], "start": start, "end": start + frame["dur_ns"],
-                        "correlation": frame["args"].map(
-                            lambda a: a.get("correlation") if isinstance(a, dict) else None)})
-    columns = ["start", "end", "correlation"]
-    return breakdown_metrics(breakdown.breakdown(
+                        "process": 0, "device": pd.to_numeric(device, errors="coerce").fillna(0),
+                        "correlation": pd.to_numeric(args.map(lambda a: a.get("correlation")),
+                                                     errors="coerce").fillna(0)})
+    columns = list(breakdown.OP_COLUMNS)
+    return device_metrics(breakdown.per_device(
         ops[ops["cat"] == "kernel"][columns], ops[ops["cat"].isin(["gpu_memcpy", "gpu_memset"])][columns],
-        ops[ops["cat"].isin(["cuda_runtime", "cuda_driver"])][["correlation", "start"]]))
+        ops[ops["cat"].isin(["cuda_runtime", "cuda_driver"])][["process", "correlation", "start"]]))
 
 
 def _kineto_copies(copies: pd.DataFrame) -> dict[str, int]:
@@ -362,16 +451,13 @@ def _kineto_copies(copies: pd.DataFrame) -> dict[str, int]:
         return {}
     parts = copies["name"].str.extract(_COPY_NAME)
     direction, source = parts[0].str.lower(), parts[1].str.lower()
-    size = copies["args"].map(lambda a: a.get("bytes", 0) if isinstance(a, dict) else 0)
     selections = {"memcpy_htod": direction == "htod", "memcpy_dtoh": direction == "dtoh",
                   "memcpy_htod_pageable": (direction == "htod") & (source == "pageable"),
                   "memcpy_htod_pinned": (direction == "htod") & (source == "pinned")}
-    out = {}
-    for name, selected in selections.items():
-        out[f"{name}_count"] = int(selected.sum())
-        out[f"{name}_bytes"] = int(pd.to_numeric(size[selected]).sum())
-        out[f"{name}_ns"] = int(copies["dur_ns"][selected].sum())
-    return out
+    start = (pd.to_numeric(copies["ts"]) * 1000).round().astype(np.int64)
+    size = copies["args"].map(lambda a: a.get("bytes", 0) if isinstance(a, dict) else 0)
+    sized = pd.DataFrame({"start": start, "end": start + copies["dur_ns"], "bytes": size})
+    return _copy_totals(sized, {k: v.to_numpy(bool) for k, v in selections.items()})
 
 
 # --- pauses ----------------------------------------------------------------------------------

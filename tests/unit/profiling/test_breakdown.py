@@ -49,3 +49,27 @@ def test_without_most_launches_host_wait_and_idle_are_not_told_apart() -> None:
 def test_an_empty_trace_has_no_fractions() -> None:
     empty = breakdown.breakdown(frame([]), frame([]), pd.DataFrame({"correlation": [], "start": []}))
     assert empty == Breakdown(0, 0, 0, 0, 0) and empty.fractions()["busy"] is None
+
+
+def test_the_earliest_call_of_a_correlation_and_unknown_ones() -> None:
+    found = breakdown.earliest_launch(np.array([7, 3, 0, 9]), np.array([3, 7, 3, 0, 7]),
+                                      np.array([50, 20, 40, 1, 30]))
+    assert found[:2].tolist() == [20.0, 40.0] and np.isnan(found[2:]).all()
+
+
+def test_each_process_and_device_is_its_own_timeline() -> None:
+    def ops(rows: list[tuple[int, int, int, int, int]]) -> pd.DataFrame:
+        return pd.DataFrame(rows, columns=list(breakdown.OP_COLUMNS))
+
+    # process 1 on devices 0 and 1 at the same time, process 2 on device 0 later; process 2
+    # reuses correlation 2, launched (in its own process) only after its GPU fell idle
+    kernels = ops([(0, 100, 1, 0, 1), (200, 300, 1, 0, 2), (0, 300, 1, 1, 3),
+                   (1000, 1100, 2, 0, 1), (1300, 1400, 2, 0, 2)])
+    launches = pd.DataFrame({"process": [1, 1, 1, 2, 2], "correlation": [1, 2, 3, 1, 2],
+                             "start": [-10, 50, -5, 990, 1250]})
+    found = breakdown.per_device(kernels, ops([]), launches)
+    assert found == {
+        (1, 0): Breakdown(300, 200, 0, 0, 100, 1.0),
+        (1, 1): Breakdown(300, 300, 0, 0, 0, None),
+        (2, 0): Breakdown(400, 200, 0, 150, 50, 1.0),
+    }

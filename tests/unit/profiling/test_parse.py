@@ -34,9 +34,9 @@ def runtime(start: int, end: int, name: int, tid: int = P1, corr: int = 1, event
             "correlationId": corr, "nameId": name, "returnValue": 0}
 
 
-def copy(start: int, end: int, size: int, kind: int, src: int, dst: int) -> dict:
+def copy(start: int, end: int, size: int, kind: int, src: int, dst: int, corr: int | None = None) -> dict:
     return {**ns.COPY_DEFAULTS, "start": start, "end": end, "bytes": size, "copyKind": kind,
-            "srcKind": src, "dstKind": dst}
+            "srcKind": src, "dstKind": dst, "globalPid": P1, "correlationId": corr}
 
 
 def modern_trace(path: Path) -> Path:
@@ -67,7 +67,7 @@ def modern_trace(path: Path) -> Path:
          "demangledName": 17, "shortName": 17},
     ])
     ns.insert(db, "CUPTI_ACTIVITY_KIND_MEMCPY", [
-        copy(3000, 3200, 1000, kind=1, src=0, dst=2),
+        copy(3000, 3200, 1000, kind=1, src=0, dst=2, corr=7),  # cudaMemcpyAsync at 500
         copy(3300, 3400, 3000, kind=1, src=1, dst=2),
         copy(3500, 3600, 3000, kind=1, src=1, dst=2),
         copy(3700, 3750, 500, kind=2, src=2, dst=0),
@@ -103,11 +103,20 @@ EXPECTED_MODERN = {
     "memcpy_dtoh_count": 1, "memcpy_dtoh_bytes": 500, "memcpy_dtoh_ns": 50,
     # epoch 0: marker at 0, first step at 100; epoch 1: last step ended at 300, next starts at 1000
     "epoch_pauses_ns": {0: 100, 1: 700},
-    # the GPU timeline 1000-3900: kernels 1607 ns, copies alone 550 (200 + 100 + 100 + 50 + 100),
-    # eight gaps of 743 ns; the copies carry no correlation id, so only the 300 ns of gaps before
-    # a kernel have a known launch: too little to tell host wait from idle
-    "gpu_span_ns": 2900, "gpu_busy_ns": 1607, "gpu_copy_ns": 550, "gpu_host_wait_ns": None,
-    "gpu_idle_ns": None, "gpu_launch_matched": 300 / 743,
+    # one timeline per (process, device). Rank 4101, 1000-3900: kernels 1100 ns, copies alone 550
+    # (200 + 100 + 100 + 50 + 100), gaps 1250; the launches of the operations after the gaps of
+    # 100 (kernel, corr 2, launched at 50) and 800 ns (the copy of corr 7, launched at 500) came
+    # before the GPU fell idle: 900 of 1250 ns matched, all idle. Rank 4202, 2300-2907: kernels
+    # 507 ns, one gap of 100 ns before its kernel of corr 3, whose launch is not in its process
+    # (corr 3 at 60 ns is rank 4101's): nothing matched, host wait and idle not told apart.
+    "gpu_span_ns": 2900 + 607, "gpu_busy_ns": 1100 + 507, "gpu_copy_ns": 550,
+    "gpu_host_wait_ns": None, "gpu_idle_ns": None, "gpu_launch_matched": 900 / 1350,
+    "gpu_timelines": [
+        {"process": 4101, "device": 0, "gpu_span_ns": 2900, "gpu_busy_ns": 1100, "gpu_copy_ns": 550,
+         "gpu_host_wait_ns": 0, "gpu_idle_ns": 1250, "gpu_launch_matched": 900 / 1250},
+        {"process": 4202, "device": 0, "gpu_span_ns": 607, "gpu_busy_ns": 507, "gpu_copy_ns": 0,
+         "gpu_host_wait_ns": None, "gpu_idle_ns": None, "gpu_launch_matched": 0.0},
+    ],
 }
 
 
@@ -170,6 +179,9 @@ def test_kineto_fixture_by_hand() -> None:
         # before kernels, 37.5 of 53.5 us, have their launch)
         "gpu_span_ns": 185_000, "gpu_busy_ns": 120_000, "gpu_copy_ns": 11_500,
         "gpu_host_wait_ns": 0, "gpu_idle_ns": 53_500, "gpu_launch_matched": 37_500 / 53_500,
+        "gpu_timelines": [{"process": 0, "device": 0, "gpu_span_ns": 185_000, "gpu_busy_ns": 120_000,
+                           "gpu_copy_ns": 11_500, "gpu_host_wait_ns": 0, "gpu_idle_ns": 53_500,
+                           "gpu_launch_matched": 37_500 / 53_500}],
     }
 
 
@@ -202,6 +214,17 @@ def test_an_sqlite_file_without_nsys_tables_is_bad_input(tmp_path: Path) -> None
     db.close()
     with pytest.raises(InputError, match="without nsys tables"):
         parse.summarize(tmp_path / "other.sqlite")
+
+
+def test_a_truncated_export_is_bad_input_and_a_path_with_uri_characters_is_read(tmp_path: Path) -> None:
+    odd = tmp_path / "run #1?" / "rank%0.sqlite"  # characters a SQLite URI would misread
+    odd.parent.mkdir()
+    assert parse.summarize(modern_trace(odd)) == EXPECTED_MODERN
+    whole = odd.read_bytes()
+    cut = tmp_path / "cut.sqlite"
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(InputError, match="unreadable SQLite"):
+        parse.summarize(cut)
 
 
 def test_cli_prints_json_keyed_by_file_and_exits_2_with_one_line(tmp_path: Path) -> None:
