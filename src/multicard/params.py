@@ -213,6 +213,7 @@ VISION_METRICS: tuple[str, ...] = (
     "cpu_energy_j",
     "rank_cpu_s",
     "workers_cpu_s",
+    "dali_threads_cpu_s",
     "cpu_cores_mean",
     "stray_contexts",
 )

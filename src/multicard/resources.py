@@ -68,11 +68,73 @@ def stray_contexts(trains_on: Mapping[int, str],
     return found
 
 
+DALI_THREAD_PREFIX = "[DALI]"  # DALI names its threads "[DALI][TP0]Exec", "[DALI] Executor", ...
+
+
+def named_threads_cpu(pid: int, prefix: str) -> dict[int, float]:
+    """{tid: CPU seconds so far} of the threads of `pid` whose name starts with `prefix`."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().startswith(prefix):
+                found[int(task.name)] = stat_cpu_seconds((task / "stat").read_text())
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended while the directory was read
+    return found
+
+
+def threads_seconds(start: Mapping[int, float], end: Mapping[int, float]) -> float:
+    """CPU seconds between two readings of the threads alive at the end (a thread started in
+    between counts whole; one that ended in between is not in `end`, its time is lost)."""
+    return sum(seconds - start.get(tid, 0.0) for tid, seconds in end.items())
+
+
+class GpuProcesses:
+    """Device memory of a rank's processes on every GPU (NVML's running-process lists), looked
+    at while the workers live and again after training: a stray context of a worker that ends
+    with its epoch is only seen while it lives."""
+
+    def __init__(self, trains_on: str | None) -> None:
+        self.trains_on = trains_on
+        self.held: dict[tuple[int, str], int | None] = {}  # (pid, GPU) -> the most bytes seen
+        self.reason: str | None = "CPU run: no GPU" if trains_on is None else "not looked at"
+
+    def look(self) -> None:
+        if self.trains_on is None:
+            return
+        from multicard import telemetry
+
+        held, why = telemetry.processes_on_gpus()
+        if held is None:
+            self.reason = why
+            return
+        mine = {os.getpid(), *telemetry.process_tree(os.getpid())}
+        for gpu, processes in held.items():
+            for pid, used in processes:
+                if pid in mine:
+                    before = self.held.get((pid, gpu))
+                    self.held[(pid, gpu)] = max(before or 0, used) if used is not None else before
+        self.reason = None if self.held else ("NVML lists none of this rank's processes (a container's "
+                                              "PID namespace hides the host PIDs NVML reports)")
+
+    def record(self) -> dict[str, Any]:
+        if self.reason is not None:
+            return {"gpu_memory_by_process": None, "stray_contexts": None,
+                    "stray_contexts_reason": self.reason}
+        by_gpu: dict[str, list[tuple[int, int | None]]] = {}
+        for (pid, gpu), used in sorted(self.held.items()):
+            by_gpu.setdefault(gpu, []).append((pid, used))
+        found = stray_contexts(dict.fromkeys({pid for pid, _ in self.held}, str(self.trains_on)), by_gpu)
+        return {"gpu_memory_by_process": [{"pid": pid, "gpu": gpu, "bytes": used}
+                                          for (pid, gpu), used in sorted(self.held.items())],
+                "stray_contexts": [vars(f) for f in found], "stray_contexts_reason": None}
+
+
 class RankUsage:
-    """CPU seconds of a rank (its own threads: DALI's, pin_memory's) and of its loader workers
-    over the `with` block, and the CPUs each may run on, read by `snapshot` while the workers
-    live. A worker that ended in the block (non-persistent workers end every epoch) is counted
-    through the rank's reaped-children times."""
+    """CPU seconds of a rank (its own threads: DALI's, pin_memory's), of DALI's threads alone and
+    of its loader workers over the `with` block, and the CPUs each may run on, read by
+    `snapshot` while the workers live. A worker that ended in the block (non-persistent workers
+    end every epoch) is counted through the rank's reaped-children times."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -80,6 +142,7 @@ class RankUsage:
         self.reason: str | None = None
         self._start: tuple[float, float] | None = None
         self._end: tuple[float, float] | None = None
+        self._dali: list[dict[int, float]] = []
 
     def _times(self, tries: int = 3) -> tuple[float, float] | None:
         from multicard import telemetry
@@ -102,10 +165,18 @@ class RankUsage:
 
     def __enter__(self) -> RankUsage:
         self._start = self._times()
+        self._dali = [self._dali_threads()]
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._end = self._times()
+        self._dali.append(self._dali_threads())
+
+    def _dali_threads(self) -> dict[int, float]:
+        try:
+            return named_threads_cpu(self.pid, DALI_THREAD_PREFIX)
+        except OSError:  # /proc/<pid>/task unreadable: the rank's total still holds them
+            return {}
 
     def snapshot(self) -> None:
         """The CPUs the rank and each live worker may run on (pytorch#101850: they can change)."""
@@ -116,11 +187,15 @@ class RankUsage:
                          "workers": {str(pid): affinity(pid) for pid in workers}}
 
     def record(self, seconds: float) -> dict[str, Any]:
-        """rank_cpu_s, workers_cpu_s and their mean CPU use in cores over `seconds`."""
+        """rank_cpu_s (DALI's threads included), dali_threads_cpu_s, workers_cpu_s and the mean
+        CPU use in cores over `seconds`."""
+        dali = self._dali[-1] if len(self._dali) == 2 else {}
+        threads = {"dali_threads_cpu_s": threads_seconds(self._dali[0], dali) if dali else None,
+                   "dali_threads_reason": None if dali else "no DALI thread in this rank"}
         if self._start is None or self._end is None:
             return {"rank_cpu_s": None, "workers_cpu_s": None, "cpu_cores_mean": None,
-                    "cpu_reason": self.reason or "not read", "affinity": self.affinity}
+                    "cpu_reason": self.reason or "not read", "affinity": self.affinity, **threads}
         rank, workers = (end - start for start, end in zip(self._start, self._end, strict=True))
         return {"rank_cpu_s": rank, "workers_cpu_s": workers,
                 "cpu_cores_mean": (rank + workers) / seconds if seconds > 0 else None,
-                "cpu_reason": None, "affinity": self.affinity}
+                "cpu_reason": None, "affinity": self.affinity, **threads}

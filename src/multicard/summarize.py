@@ -54,6 +54,20 @@ def trial_table(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(list(rows.values()), columns=columns)
 
 
+def stray_trials(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """The ok trials (traced ones too) whose ranks held memory on a GPU they do not train on:
+    config, trial, how many (process, GPU) pairs, and where the details are."""
+    rows = []
+    for record in records:
+        count = (record.get("metrics") or {}).get("stray_contexts")
+        if record.get("experiment") == spec.name and record.get("status") == "ok" and count:
+            details = next((a for a in record.get("artifacts", []) if a.endswith("/result.json")), None)
+            rows.append({**{k: record["config"].get(k) for k in spec.grid},
+                         "config_id": record["config_id"], "trial": record["trial"],
+                         "stray_contexts": int(count), "details": details})
+    return pd.DataFrame(rows, columns=[*spec.grid, "config_id", "trial", "stray_contexts", "details"])
+
+
 WHOLE = "throughput_whole_samples_s"  # FlagPerf's p_whole: start-up and evaluation included
 
 

@@ -45,6 +45,12 @@ def test_dali_and_synthetic_trials_on_two_ranks(tmp_path: Path, data_root: Path)
         # 256 images, 2 ranks, 16 per batch: 8 steps per rank and epoch, 2 epochs
         assert m["throughput_samples_s"] * m["train_time_s"] == pytest.approx(512)
         assert 0 <= m["test_accuracy"] <= 1
+        # DALI's threads (in the rank) burn CPU of their own; the synthetic loader has none
+        if record["config"]["loader"] == "dali":
+            assert 0 < m["dali_threads_cpu_s"] <= m["rank_cpu_s"]
+        else:
+            assert m["dali_threads_cpu_s"] is None
+            assert record["unmeasured"]["dali_threads_cpu_s"] == "no DALI thread in this rank"
     assert "32px-jpeg" in (tmp_path / "run" / "datasets.json").read_text()
 
 
@@ -55,6 +61,7 @@ def test_loader_only_mode_trains_nothing(tmp_path: Path, data_root: Path) -> Non
     m = record["metrics"]
     assert record["status"] == "ok" and m["test_accuracy"] is None
     assert m["throughput_samples_s"] > 0 and m["train_loss"] == 0
+    assert m["workers_cpu_s"] > 0  # the loader's one worker decoded every image
 
 
 def _parent(pid: int) -> int:

@@ -57,8 +57,33 @@ def test_metrics_are_plausible(finished_run: Path) -> None:
     assert m["data_wait_s"] == pytest.approx(m["data_wait_fraction"] * m["train_time_s"], rel=0.2)
     assert m["peak_mem_bytes"] > 10 * 2**20
     assert m["h2d_time_s"] is None and m["gpu_util_mean"] is None  # CPU run: nothing to measure
-    assert set(record["unmeasured"]) == {"h2d_time_s", "gpu_util_mean", "nvml_process_mem_bytes"}
     assert record["unmeasured"]["h2d_time_s"] == "CPU run: there is no host-to-device copy"
+
+
+# on CPU, what a rank can measure (CPU time, affinity) and what it cannot (GPU energy, NVML's
+# processes, RAPL in this VM, DALI threads with the torch loader, NUMA without the probe)
+MEASURED_ON_CPU = ("rank_cpu_s", "workers_cpu_s", "cpu_cores_mean")
+NOT_MEASURED_ON_CPU = ("h2d_time_s", "gpu_util_mean", "nvml_process_mem_bytes", "energy_j",
+                       "energy_per_sample_j", "mean_power_w", "stray_contexts",
+                       "dali_threads_cpu_s", "local_page_fraction", "cpus_on_gpu_node_fraction")
+
+
+def test_every_metric_is_measured_or_null_with_a_reason(finished_run: Path) -> None:
+    [record] = store.read(finished_run / "trials.jsonl")
+    m, why = record["metrics"], record["unmeasured"]
+    assert m["rank_cpu_s"] > 0 and m["workers_cpu_s"] >= 0 and m["cpu_cores_mean"] > 0
+    assert not set(MEASURED_ON_CPU) & set(why)
+    for metric in NOT_MEASURED_ON_CPU:
+        assert m[metric] is None and why[metric] and why[metric] != "None", metric
+    # the VM may or may not expose RAPL: either a number or a reason, never 0 for "not read"
+    assert (m["cpu_energy_j"] is None) == ("cpu_energy_j" in why)
+    assert all(v is None or k not in why for k, v in m.items())  # a reason only for a null
+    assert set(why) <= {k for k, v in m.items() if v is None}
+    assert why["energy_j"] == "rank 0: CPU run: no GPU"
+    result = json.loads((finished_run / f"raw/{record['config_id']}-t0-a0/result.json").read_text())
+    for rank in result["ranks"]:
+        assert rank["affinity"]["rank"] == sorted(os.sched_getaffinity(0))
+        assert rank["gpu_memory_by_process"] is None and rank["stray_contexts_reason"] == "CPU run: no GPU"
 
 
 def test_result_records_ranks_flags_and_test_set(finished_run: Path) -> None:

@@ -270,3 +270,21 @@ def test_a_metric_the_trials_could_not_measure_reads_not_measured(reported: Path
     header = next(line for line in table.splitlines() if "energy per image" in line).split("|")
     column = next(i for i, h in enumerate(header) if "energy per image" in h)
     assert energy_column[column].strip() == "not measured"  # ok trials, no energy: never 0
+
+
+def test_a_trial_with_a_stray_context_is_warned_in_the_report_and_the_console(tmp_path: Path) -> None:
+    run = constructed_run(tmp_path / "run")
+    [first, *rest] = [json.loads(line) for line in (run / "trials.jsonl").read_text().splitlines()]
+    first["metrics"]["stray_contexts"] = 1
+    first["artifacts"] = [f"raw/{first['config_id']}-t0-a0/result.json"]
+    (run / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [first, *rest]))
+    printed: list[str] = []
+    report.write_report([run], run, echo=printed.append)
+    text = (run / "REPORT.md").read_text()
+    assert "**Warning: stray CUDA contexts.**" in text
+    assert (f"- precision=fp64 gpus=1 trial 0: 1 (process, GPU) pair(s) "
+            f"(`raw/{first['config_id']}-t0-a0/result.json`, `ranks[].stray_contexts`)") in text
+    assert any("stray CUDA context: precision=fp64 gpus=1 trial 0" in p for p in printed)
+    clean = constructed_run(tmp_path / "clean")
+    report.write_report([clean], clean)
+    assert "stray CUDA contexts.**" not in (clean / "REPORT.md").read_text()

@@ -3,6 +3,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +55,45 @@ def test_a_rank_counts_its_workers_even_the_ended_ones() -> None:
     assert found["cpu_cores_mean"] == pytest.approx(found["rank_cpu_s"] + found["workers_cpu_s"])
     assert found["affinity"]["rank"] == sorted(os.sched_getaffinity(0))
     assert found["affinity"]["workers"][str(live.pid)] == sorted(os.sched_getaffinity(0))
+
+
+def test_named_threads_are_read_from_proc_and_their_time_adds_up() -> None:
+    import threading
+
+    done = threading.Event()
+
+    def burn() -> None:
+        t = time.thread_time()
+        while time.thread_time() - t < 0.2:
+            pass
+        done.wait(10)
+
+    worker = threading.Thread(target=burn)
+    worker.start()
+    try:
+        time.sleep(0.3)
+        native = worker.native_id
+        Path(f"/proc/self/task/{native}/comm").write_text("[DALI][TP0]Exec")
+        found = resources.named_threads_cpu(os.getpid(), resources.DALI_THREAD_PREFIX)
+    finally:
+        done.set()
+        worker.join()
+    assert list(found) == [native] and found[native] >= 0.15
+    assert resources.threads_seconds({native: 0.1, 99: 5.0}, {native: 0.4, 100: 0.2}) == pytest.approx(0.5)
+
+
+def test_memory_per_process_per_gpu_and_strays_seen_while_they_lived(monkeypatch: pytest.MonkeyPatch) -> None:
+    from multicard import telemetry
+
+    me = os.getpid()
+    looks = iter([({"GPU-a": [(me, 4 << 30)], "GPU-0": [(me, 300 << 20), (1, 9)]}, None),
+                  ({"GPU-a": [(me, 6 << 30)], "GPU-0": []}, None)])  # the stray one ended
+    monkeypatch.setattr(telemetry, "processes_on_gpus", lambda: next(looks))
+    seen = resources.GpuProcesses("GPU-a")
+    seen.look()
+    seen.look()
+    found = seen.record()
+    assert found["gpu_memory_by_process"] == [{"pid": me, "gpu": "GPU-0", "bytes": 300 << 20},
+                                              {"pid": me, "gpu": "GPU-a", "bytes": 6 << 30}]
+    assert found["stray_contexts"] == [{"pid": me, "gpu": "GPU-0", "bytes": 300 << 20, "trains_on": "GPU-a"}]
+    assert resources.GpuProcesses(None).record()["stray_contexts_reason"] == "CPU run: no GPU"

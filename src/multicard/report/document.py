@@ -200,6 +200,7 @@ def _experiment_section(run: RunData, name: str, out: Path,
         lines += ["", f"Warnings ({label(spec.primary)}):", "", *warned]
         for line in warned if echo else []:
             echo(f"warning: {spec.name}: {line.removeprefix('- ')}")
+    lines += _stray_lines(spec, summarize.stray_trials(spec, run.records), echo)
     if spec.workload == "vision":
         lines += ["", VISION_TIMING_NOTE]
     lines += _trace_sections(spec, run.records, name, tables)
@@ -222,6 +223,19 @@ def _experiment_section(run: RunData, name: str, out: Path,
         lines += [f"- `{r.config_id}` trial {r.trial}: **{r.status}** {r.error_type or ''}: "
                   f"{_first_line(r.message)}" for r in failed.itertuples()]
     return "\n".join(lines) + "\n"
+
+
+def _stray_lines(spec: Spec, strays: pd.DataFrame, echo: Callable[[str], None] | None) -> list[str]:
+    """A warning per trial whose ranks held memory on a GPU they do not train on."""
+    if strays.empty:
+        return []
+    lines = [f"- {_config_label(spec, r)} trial {r['trial']}: {r['stray_contexts']} (process, GPU) "
+             f"pair(s) (`{r['details']}`, `ranks[].stray_contexts`)" for _, r in strays.iterrows()]
+    for line in lines if echo else []:
+        echo(f"warning: {spec.name}: stray CUDA context: {line.removeprefix('- ')}")
+    return ["", "**Warning: stray CUDA contexts.** A rank or its loader workers held memory on a GPU "
+            "the rank does not train on (pin_memory's thread on GPU 0 is the known case, pytorch "
+            "issues 58626 and 21081): per-GPU memory of these trials is not comparable.", "", *lines]
 
 
 def _trace_sections(spec: Spec, records: list[dict[str, Any]], name: str, tables: Path) -> list[str]:

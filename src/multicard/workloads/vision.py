@@ -43,7 +43,7 @@ import torchvision  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 
-from multicard import artifact, devices, energy, numa, params, precision, resources, telemetry  # noqa: E402
+from multicard import artifact, devices, energy, numa, params, precision, resources  # noqa: E402
 from multicard.data import mnist, scenario_b  # noqa: E402
 from multicard.launch import DROPPED_ENV, die_with_agent  # noqa: E402
 from multicard.loaders import LOADERS, LoaderConfig  # noqa: E402
@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     gpu_energy = energy.GpuEnergyMeter(uuid)
     cpu_energy = energy.CpuEnergyMeter() if local_rank == 0 else None
     usage = resources.RankUsage()  # CPU seconds of the rank and its workers, their affinity
+    gpu_processes = resources.GpuProcesses(uuid)  # memory per process per GPU, stray contexts
     with ExitStack() as sampling:
         sampling.enter_context(failure_named(args.out, rank, loader))
         # the meters' windows end where train_time does (closed explicitly below), not after
@@ -199,6 +200,8 @@ def main(argv: list[str] | None = None) -> None:
                 clock.mark()
                 if epoch == 0 and step == steps_per_epoch // 2:
                     usage.snapshot()  # mid-epoch: the workers are alive
+                    # (a few ms of NVML queries, once per trial, inside the clock)
+                    gpu_processes.look()
                     if probe:
                         probe.start()  # and have touched their data
                 # The first wait counts from the epoch start: worker start-up is the pause.
@@ -228,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     timeline["train_done"] = time.time()
     # memory at the end of training: evaluation's larger batches must not set the peak
     memory = end_of_training_memory(device, uuid)
-    strays = stray_contexts(uuid)
+    gpu_processes.look()
 
     accuracy, test_images = None, None
     if args.mode == "train":
@@ -258,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
         "gpu_util_mean": util.mean(),
         **energy.rank_record(gpu_energy.energy(), cpu_energy.energy() if cpu_energy else None),
         **usage.record(train_time),
-        **strays,
+        **gpu_processes.record(),
         "host": os.uname().nodename,
         "pid": os.getpid(),
         "gpu_uuid": uuid,
@@ -426,14 +429,17 @@ def combine_ranks(ranks: list[dict[str, Any]], test_accuracy: float | None) -> d
 
 
 def trial_resources(ranks: list[dict[str, Any]], train_time: float) -> dict[str, Any]:
-    """CPU the trial burned over its timed epochs (ranks with their threads, plus loader
-    workers), as seconds and mean cores, and how many stray CUDA contexts its ranks held."""
-    cpu = [(r.get("rank_cpu_s"), r.get("workers_cpu_s")) for r in ranks]
-    known = all(a is not None and b is not None for a, b in cpu)
-    rank_s = sum(a for a, _ in cpu if a is not None) if known else None
-    workers_s = sum(b for _, b in cpu if b is not None) if known else None
+    """CPU the trial burned over its timed epochs (ranks with their threads, DALI's threads
+    alone, loader workers), as seconds and mean cores, and how many stray CUDA contexts its
+    ranks held."""
+    def summed(key: str) -> float | None:
+        values = [r.get(key) for r in ranks]
+        return sum(values) if all(v is not None for v in values) else None  # type: ignore[arg-type]
+
+    rank_s, workers_s = summed("rank_cpu_s"), summed("workers_cpu_s")
     strays = [r.get("stray_contexts") for r in ranks]
     return {"rank_cpu_s": rank_s, "workers_cpu_s": workers_s,
+            "dali_threads_cpu_s": summed("dali_threads_cpu_s"),
             "cpu_cores_mean": (rank_s + workers_s) / train_time
             if rank_s is not None and workers_s is not None and train_time > 0 else None,
             "stray_contexts": sum(len(s) for s in strays if s is not None)
@@ -460,10 +466,16 @@ def unmeasured(ranks: list[dict[str, Any]]) -> dict[str, str]:
                     if r.get("rank_cpu_s") is None), None)
     if cpu_why:
         reasons |= dict.fromkeys(("rank_cpu_s", "workers_cpu_s", "cpu_cores_mean"), cpu_why)
-    stray_why = next((r.get("stray_contexts_reason") or "not recorded" for r in ranks
-                      if r.get("stray_contexts") is None), None)
-    if stray_why:
-        reasons["stray_contexts"] = stray_why
+    for metric, why_key in (("stray_contexts", "stray_contexts_reason"),
+                            ("dali_threads_cpu_s", "dali_threads_reason")):
+        why = next((r.get(why_key) or "not recorded" for r in ranks if r.get(metric) is None), None)
+        if why:
+            reasons[metric] = why
+    for metric in ("local_page_fraction", "cpus_on_gpu_node_fraction"):
+        if all(r.get(metric) is None for r in ranks):
+            reasons[metric] = ("numa_evidence is off: no NUMA placement probe in this trial"
+                               if all(metric not in r for r in ranks)
+                               else "the placement probe found none (numa/ in the trial directory)")
     if all(r["gpu_uuid"] is None for r in ranks):
         reasons |= UNMEASURED_ON_CPU
     else:
@@ -475,23 +487,6 @@ def unmeasured(ranks: list[dict[str, Any]]) -> dict[str, str]:
         if all(r["h2d_time_s"] is None for r in ranks):
             reasons["h2d_time_s"] = "the loader copies inside its own pipeline (DALI) or not at all"
     return reasons
-
-
-def stray_contexts(uuid: str | None) -> dict[str, Any]:
-    """Memory this rank or its workers hold on a GPU other than its own (a stray CUDA context,
-    e.g. pin_memory's on GPU 0), from NVML's process lists of every GPU; None and why where
-    they cannot be read."""
-    if uuid is None:
-        return {"stray_contexts": None, "stray_contexts_reason": "CPU run: no GPU"}
-    held, why = telemetry.processes_on_gpus()
-    if held is None:
-        return {"stray_contexts": None, "stray_contexts_reason": why}
-    mine = {os.getpid(), *telemetry.process_tree(os.getpid())}
-    if not any(pid in mine for processes in held.values() for pid, _ in processes):
-        return {"stray_contexts": None, "stray_contexts_reason": "NVML lists none of this rank's "
-                "processes (a container's PID namespace hides the host PIDs NVML reports)"}
-    found = resources.stray_contexts(dict.fromkeys(mine, uuid), held)
-    return {"stray_contexts": [vars(f) for f in found], "stray_contexts_reason": None}
 
 
 def end_of_training_memory(device: torch.device, uuid: str | None) -> dict[str, Any]:

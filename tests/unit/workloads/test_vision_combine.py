@@ -44,7 +44,8 @@ def test_what_was_not_measured_says_why() -> None:
     cpu = [rank(1.0, [1.0], [0.1], 0.1, 1, 1, [0.1])]
     assert unmeasured(cpu)["gpu_util_mean"] == "CPU run: no GPU to sample"
     measured = {**energy.rank_record(Energy(300.0, "counter"), Energy(40.0, "counter")),
-                "rank_cpu_s": 3.0, "workers_cpu_s": 1.0, "stray_contexts": []}
+                "rank_cpu_s": 3.0, "workers_cpu_s": 1.0, "stray_contexts": [],
+                "dali_threads_cpu_s": 0.5, "local_page_fraction": 0.9, "cpus_on_gpu_node_fraction": 1.0}
     gpu = [{**cpu[0], "gpu_uuid": "GPU-1", "h2d_time_s": 0.2, "gpu_util_mean": 0.9,
             "nvml_process_mem_reason": "NVML lists no process with this PID on the GPU", **measured}]
     assert unmeasured(gpu) == {"nvml_process_mem_bytes": "NVML lists no process with this PID on the GPU"}
@@ -78,3 +79,16 @@ def test_cpu_time_adds_up_over_ranks_and_stray_contexts_are_counted() -> None:
     assert combine_ranks(cpu, None)["cpu_cores_mean"] is None
     assert unmeasured(cpu)["cpu_cores_mean"] == "/proc: gone"
     assert unmeasured(cpu)["stray_contexts"] == "CPU run: no GPU"
+    assert unmeasured(cpu)["local_page_fraction"] == (
+        "numa_evidence is off: no NUMA placement probe in this trial")
+
+
+def test_dali_threads_are_counted_apart_and_null_without_dali() -> None:
+    base = rank(2.0, [2.0], [0.1], 0.1, 10, 1, [0.1])
+    dali = [{**base, "rank_cpu_s": 3.0, "workers_cpu_s": 0.0, "dali_threads_cpu_s": 2.5},
+            {**base, "rank_cpu_s": 3.0, "workers_cpu_s": 0.0, "dali_threads_cpu_s": 1.5}]
+    assert combine_ranks(dali, None)["dali_threads_cpu_s"] == 4.0
+    torch_loader = [{**base, "rank_cpu_s": 3.0, "workers_cpu_s": 1.0, "dali_threads_cpu_s": None,
+                     "dali_threads_reason": "no DALI thread in this rank"}]
+    assert combine_ranks(torch_loader, None)["dali_threads_cpu_s"] is None
+    assert unmeasured(torch_loader)["dali_threads_cpu_s"] == "no DALI thread in this rank"
