@@ -75,19 +75,21 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def smoke(session: nox.Session) -> None:
-    """Every experiment's smoke profile on CPU into artifact/runs/smoke-<UTC>/, then report + verify."""
+    """Every experiment's smoke profiles (`smoke`, `smoke_<what>`) on CPU into
+    artifact/runs/smoke-<UTC>/, then report + verify."""
     python = dev_python(session)
     out = RUNS / f"smoke-{stamp()}"
     for spec_file in sorted(EXPERIMENTS.glob("*.toml")):
-        text = spec_file.read_text()
-        if "[profiles.smoke]" not in text:
+        text = tomllib.loads(spec_file.read_text())
+        profiles = [p for p in text.get("profiles", {}) if p == "smoke" or p.startswith("smoke_")]
+        if not profiles or "experiment" not in text:
             continue
-        workload = tomllib.loads(text)["experiment"]["workload"]
-        if why := os.environ.get(f"MULTICARD_NO_{workload.upper()}"):  # e.g. the paper-exact image
-            session.log(f"smoke: {spec_file.stem} left out: {why}")
+        if why := os.environ.get(f"MULTICARD_NO_{text['experiment']['workload'].upper()}"):
+            session.log(f"smoke: {spec_file.stem} left out: {why}")  # e.g. the paper-exact image
             continue
-        multicard(session, python, "run", str(spec_file), "--profile", "smoke",
-                  "--out", str(out / spec_file.stem))
+        for profile in profiles:
+            name = spec_file.stem + profile.removeprefix("smoke")
+            multicard(session, python, "run", str(spec_file), "--profile", profile, "--out", str(out / name))
     multicard(session, python, "report", str(out))
     multicard(session, python, "verify", str(out))
     session.log(f"smoke run: {out}")
@@ -190,8 +192,8 @@ def locks(session: nox.Session) -> None:
 # The paper's experiments in the order `reproduce` runs them: (experiment, profile).
 PAPER_RUNS = (
     ("table2_precision", "paper"), ("table3_pin_memory", "paper"), ("figure6_loaders", "paper"),
-    ("nhwc_layout", "paper"), ("numa_binding", "paper"), ("numa_binding", "controls"),
-    ("numa_binding", "dali_affinity"), ("table4_llm_methods", "paper"),
+    ("figure6_loaders", "loader_only"), ("nhwc_layout", "paper"), ("numa_binding", "paper"),
+    ("numa_binding", "controls"), ("numa_binding", "dali_affinity"), ("table4_llm_methods", "paper"),
     ("table4_llm_methods", "traced"), ("table5_llm_pin_memory", "paper"),
 )
 # One GPU, about 30 minutes: C1-C3 (precision), C5 (pin_memory), the loaders vs the bound.

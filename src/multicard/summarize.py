@@ -214,22 +214,45 @@ def bound(spec: Spec, trials: pd.DataFrame, config: dict[str, Any], mine: pd.Dat
             "bound.hi": found.ci_hi}
 
 
-def ladder_table(spec: Spec, trials: pd.DataFrame) -> pd.DataFrame:
+# What decides a loader's rate: a loader-only trial with these settings equal is a training
+# config's loader-only rung (the model, precision, layout and epochs do not load anything).
+LOADING_SETTINGS = ("device", "scenario", "data_format", "image_size", "loader", "batch_size",
+                    "num_workers", "dali_threads", "pin_memory", "gpus")
+LoaderRates = dict[tuple[Any, ...], float]
+
+
+def loading_key(settings: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(settings.get(k) for k in LOADING_SETTINGS)
+
+
+def loader_only_rates(spec: Spec, trials: pd.DataFrame) -> LoaderRates:
+    """Mean images/s onto the device per loading settings, from a run with mode = loader_only
+    (empty for any other run)."""
+    if spec.fixed.get("mode") != "loader_only" or "throughput_samples_s" not in trials:
+        return {}
+    means = trials.groupby("config_id")["throughput_samples_s"].mean()
+    return {loading_key(settings): float(means[cid]) for cid, _, settings in specmod.configs(spec)
+            if cid in means.index and not np.isnan(means[cid])}
+
+
+def ladder_table(spec: Spec, trials: pd.DataFrame, loader_only: LoaderRates | None = None) -> pd.DataFrame:
     """Per config with a synthetic-loader twin: mean images/s of the whole trial (p_whole), of
-    the training loop (p_train) and of the twin (the ceiling)."""
-    columns = [*spec.grid, "config_id", "p_whole", "p_train", "ceiling"]
+    the training loop (p_train), of the twin (the ceiling) and, where a loader-only run with
+    the same loading settings is given, of the loader alone."""
+    columns = [*spec.grid, "config_id", "p_whole", "p_train", "ceiling", "loader_only"]
     if CEILING_LOADER not in spec.grid.get("loader", []) or "throughput_samples_s" not in trials:
         return pd.DataFrame(columns=columns)
     means = trials.groupby("config_id")[["throughput_samples_s", WHOLE]].mean()
     rows = []
-    for cid, config, _ in specmod.configs(spec):
+    for cid, config, settings in specmod.configs(spec):
         twin = next((t for t, c, _ in specmod.configs(spec)
                      if c == {**config, "loader": CEILING_LOADER}), None)
         if config.get("loader") == CEILING_LOADER or cid not in means.index or twin not in means.index:
             continue
         rows.append({**config, "config_id": cid, "p_whole": means.at[cid, WHOLE],
                      "p_train": means.at[cid, "throughput_samples_s"],
-                     "ceiling": means.at[twin, "throughput_samples_s"]})
+                     "ceiling": means.at[twin, "throughput_samples_s"],
+                     "loader_only": (loader_only or {}).get(loading_key(settings), float("nan"))})
     return pd.DataFrame(rows, columns=columns)
 
 

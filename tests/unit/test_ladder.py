@@ -73,6 +73,34 @@ def test_the_ladder_figure_stacks_whole_train_and_ceiling(tmp_path: Path) -> Non
     assert (tmp_path / "ladder.png").stat().st_size > 1000
 
 
+def test_the_loader_alone_rung_joins_on_the_loading_settings(tmp_path: Path) -> None:
+    fixed = {**TINY_FIXED, "scenario": "b"}
+    for name in ("train", "alone", "other"):
+        (tmp_path / name).mkdir()
+    train = spec.load(write_spec(tmp_path / "train", fixed=fixed,
+                                 grid={"loader": ["torch", "synthetic"], "precision": ["fp32", "fp16"]}))
+    alone = spec.load(write_spec(tmp_path / "alone", fixed={**fixed, "mode": "loader_only", "epochs": 1},
+                                 grid={"loader": ["torch"]}))
+    other = spec.load(write_spec(tmp_path / "other", fixed={**fixed, "mode": "loader_only",
+                                                             "batch_size": 99}, grid={"loader": ["torch"]}))
+
+    def trials(s: spec.Spec, rate: dict[str, float]) -> pd.DataFrame:
+        return pd.DataFrame([{**c, "config_id": cid, "trial": t, **dict.fromkeys(s.metrics, float("nan")),
+                              "throughput_samples_s": rate[c["loader"]] + t, summarize.WHOLE: 1.0}
+                             for cid, c, _ in spec.configs(s) for t in (0, 1)])
+
+    rates = summarize.loader_only_rates(alone, trials(alone, {"torch": 800.0}))
+    assert list(rates.values()) == [800.5]  # mean of its trials
+    assert summarize.loader_only_rates(train, trials(train, {"torch": 1.0, "synthetic": 2.0})) == {}
+    both = rates | summarize.loader_only_rates(other, trials(other, {"torch": 5.0}))
+    ladder_rows = summarize.ladder_table(train, trials(train, {"torch": 500.0, "synthetic": 900.0}), both)
+    # one rung for each precision: the precision does not load anything; batch 99 is another loader
+    assert ladder_rows[["precision", "p_train", "ceiling", "loader_only"]].values.tolist() == [
+        ["fp32", 500.5, 900.5, 800.5], ["fp16", 500.5, 900.5, 800.5]]
+    assert summarize.ladder_table(train, trials(train, {"torch": 1.0, "synthetic": 2.0}))[
+        "loader_only"].isna().all()
+
+
 def test_p_whole_is_the_images_over_the_whole_launch() -> None:
     record = {"metrics": {"throughput_samples_s": 100.0, "train_time_s": 6.0}, "wall_s": 20.0}
     assert summarize.whole_throughput(record) == pytest.approx(30.0)

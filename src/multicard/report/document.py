@@ -43,10 +43,14 @@ def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | N
     (out / "tables").mkdir(parents=True, exist_ok=True)
     sections = [_environment_section(runs, out), _claims_section(runs, claim_list, out),
                 _energy_section(runs, questions, out)]
+    # the ladder's loader-only rung comes from the collection's loader_only runs
+    loader_only: summarize.LoaderRates = {}
+    for run in runs:
+        loader_only |= summarize.loader_only_rates(run.spec, summarize.trial_table(run.spec, run.records))
     used: set[str] = set()
     for run in runs:
         name = _unique(run.spec.name, used)
-        sections.append(_experiment_section(run, name, out, echo))
+        sections.append(_experiment_section(run, name, out, echo, loader_only))
     sections += [_failures_section(runs, out), _compute_section(runs, out), _verify_section(out)]
     header = (f"# multicard report\n\nGenerated {datetime.now(UTC).isoformat(timespec='seconds')} "
               f"by multicard {multicard.__version__}.\n")
@@ -162,8 +166,8 @@ VISION_TIMING_NOTE = (
     "the copies' own duration (CUDA events).")
 
 
-def _experiment_section(run: RunData, name: str, out: Path,
-                        echo: Callable[[str], None] | None = None) -> str:
+def _experiment_section(run: RunData, name: str, out: Path, echo: Callable[[str], None] | None = None,
+                        loader_only: summarize.LoaderRates | None = None) -> str:
     spec = run.spec
     trials = summarize.trial_table(spec, run.records)
     failed = summarize.failures(spec, run.records)
@@ -176,8 +180,10 @@ def _experiment_section(run: RunData, name: str, out: Path,
     has_figure = plot_primary(spec, table, trials, out / "figures" / f"{name}.png")
     has_breakdown = plot_breakdown(spec, table, out / "figures" / f"{name}_breakdown.png")
     has_energy = plot_time_and_energy(spec, table, out / "figures" / f"{name}_energy.png")
-    has_ladder = plot_ladder(spec, table, summarize.ladder_table(spec, trials),
-                             out / "figures" / f"{name}_ladder.png")
+    ladder = summarize.ladder_table(spec, trials, loader_only)
+    has_ladder = plot_ladder(spec, table, ladder, out / "figures" / f"{name}_ladder.png")
+    if has_ladder:
+        ladder.to_csv(tables / f"{name}_ladder.csv", index=False)
     fixed = ", ".join(f"{k}={v}" for k, v in spec.fixed.items())
     lines = [
         f"## {spec.title}",
@@ -216,8 +222,11 @@ def _experiment_section(run: RunData, name: str, out: Path,
     if has_energy:
         lines += ["", f"![time and GPU energy per image](figures/{name}_energy.png)"]
     if has_ladder:
-        lines += ["", f"![the bottleneck ladder: whole trial, training loop, synthetic ceiling]"
-                  f"(figures/{name}_ladder.png)"]
+        alone = ("; the loader alone from the loader_only run" if ladder["loader_only"].notna().any()
+                 else "; no loader_only run in this report, so no loader-alone rung")
+        lines += ["", f"The bottleneck ladder (images/s per config: whole trial, training loop, "
+                  f"synthetic ceiling{alone}): `tables/{name}_ladder.csv`.", "",
+                  f"![the bottleneck ladder](figures/{name}_ladder.png)"]
     if len(failed):
         lines += ["", "Failures:", ""]
         lines += [f"- `{r.config_id}` trial {r.trial}: **{r.status}** {r.error_type or ''}: "

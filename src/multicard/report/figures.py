@@ -118,7 +118,8 @@ def plot_time_and_energy(spec: Spec, table: pd.DataFrame, target: Path) -> bool:
 def plot_ladder(spec: Spec, table: pd.DataFrame, ladder: pd.DataFrame, target: Path) -> bool:
     """Per config with a synthetic-loader twin, images/s of the whole trial (p_whole), of the
     training loop with the real loader (p_train) and with the synthetic one (the ceiling),
-    stacked: each step up is what start-up, evaluation or loading costs."""
+    stacked: each step up is what start-up, evaluation or loading costs; the loader alone
+    (when a loader_only run was given) as a mark."""
     if "bound" not in table or ladder.empty:
         return False
     plt = pyplot()
@@ -129,6 +130,10 @@ def plot_ladder(spec: Spec, table: pd.DataFrame, ladder: pd.DataFrame, target: P
     ax.bar(labels, (train - whole).clip(lower=0), bottom=whole, label="training loop, real loader")
     ax.bar(labels, (ceiling - train).clip(lower=0), bottom=whole + (train - whole).clip(lower=0),
            label="up to the synthetic loader's ceiling")
+    alone = ladder["loader_only"] if "loader_only" in ladder else pd.Series(dtype=float)
+    if alone.notna().any():  # not a part of training: a mark beside the stack
+        ax.scatter(labels, alone, marker="_", s=400, color="black", zorder=3,
+                   label="loader alone, no model (a loader_only run)")
     ax.set_ylabel("images/s (mean over trials)")
     ax.tick_params(axis="x", labelrotation=90, labelsize=7)
     ax.set_title(f"{spec.name}: the bottleneck ladder", fontsize=9)
