@@ -228,8 +228,13 @@ LLM_METRICS: tuple[str, ...] = (
     "peak_device_mem_bytes",
     "peak_process_mem_bytes",
     # GPU energy over the measured steps, sampled by the runner (multicard.energy)
-    "step_energy_j",
+    "energy_j",
     "energy_per_token_j",
+    "mean_power_w",
+    # seen by the runner from outside: every GPU's process list, the launch's CPU time
+    "stray_contexts",
+    "launch_cpu_s",
+    "launch_cpu_cores_mean",
 )
 
 WORKLOAD_METRICS: dict[str, tuple[str, ...]] = {"vision": VISION_METRICS, "llm": LLM_METRICS}

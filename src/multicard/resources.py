@@ -89,6 +89,28 @@ def threads_seconds(start: Mapping[int, float], end: Mapping[int, float]) -> flo
     return sum(seconds - start.get(tid, 0.0) for tid, seconds in end.items())
 
 
+Held = dict[tuple[int, str], int | None]  # (pid, GPU UUID) -> the most bytes seen
+
+
+def note_held(held: Held, gpu: str, processes: Sequence[tuple[int, int | None]], mine: set[int]) -> None:
+    """Fold one look at a GPU's process list into `held`, keeping only `mine`."""
+    for pid, used in processes:
+        if pid in mine:
+            before = held.get((pid, gpu))
+            held[(pid, gpu)] = max(before or 0, used) if used is not None else before
+
+
+def held_outside(held: Held, gpus: set[str]) -> list[StrayContext]:
+    """Memory the trial's processes held on GPUs that are not the trial's (seen from outside,
+    where which rank trains on which of the trial's GPUs is not known)."""
+    return [StrayContext(pid, gpu, used, "the trial's GPUs") for (pid, gpu), used in sorted(held.items())
+            if gpu not in gpus]
+
+
+def by_process(held: Held) -> list[dict[str, Any]]:
+    return [{"pid": pid, "gpu": gpu, "bytes": used} for (pid, gpu), used in sorted(held.items())]
+
+
 class GpuProcesses:
     """Device memory of a rank's processes on every GPU (NVML's running-process lists), looked
     at while the workers live and again after training: a stray context of a worker that ends
@@ -96,7 +118,7 @@ class GpuProcesses:
 
     def __init__(self, trains_on: str | None) -> None:
         self.trains_on = trains_on
-        self.held: dict[tuple[int, str], int | None] = {}  # (pid, GPU) -> the most bytes seen
+        self.held: Held = {}
         self.reason: str | None = "CPU run: no GPU" if trains_on is None else "not looked at"
 
     def look(self) -> None:
@@ -110,10 +132,7 @@ class GpuProcesses:
             return
         mine = {os.getpid(), *telemetry.process_tree(os.getpid())}
         for gpu, processes in held.items():
-            for pid, used in processes:
-                if pid in mine:
-                    before = self.held.get((pid, gpu))
-                    self.held[(pid, gpu)] = max(before or 0, used) if used is not None else before
+            note_held(self.held, gpu, processes, mine)
         self.reason = None if self.held else ("NVML lists none of this rank's processes (a container's "
                                               "PID namespace hides the host PIDs NVML reports)")
 
@@ -125,8 +144,7 @@ class GpuProcesses:
         for (pid, gpu), used in sorted(self.held.items()):
             by_gpu.setdefault(gpu, []).append((pid, used))
         found = stray_contexts(dict.fromkeys({pid for pid, _ in self.held}, str(self.trains_on)), by_gpu)
-        return {"gpu_memory_by_process": [{"pid": pid, "gpu": gpu, "bytes": used}
-                                          for (pid, gpu), used in sorted(self.held.items())],
+        return {"gpu_memory_by_process": by_process(self.held),
                 "stray_contexts": [vars(f) for f in found], "stray_contexts_reason": None}
 
 

@@ -19,6 +19,7 @@ import gzip
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -541,6 +542,9 @@ def _execute(argv: list[str], env: dict[str, str], trial_dir: Path, timeout_s: f
     runner_pid = os.getpid()
     # before the launch: the memory others hold on the trial's GPUs is read here
     sampler = telemetry.TrialMemorySampler(gpus) if sample_memory else None
+    # CPU of every process of the launch that was waited for (torchrun waits for its ranks, a
+    # rank for its workers): the whole launch, start-up and model loading included
+    cpu_before, t_launch = launch_cpu_seconds(), time.monotonic()
     with (trial_dir / "stdout.log").open("wb") as stdout, (trial_dir / "stderr.log").open("wb") as stderr:
         proc = subprocess.Popen(
             argv, stdout=stdout, stderr=stderr, env=env, start_new_session=True,
@@ -559,8 +563,17 @@ def _execute(argv: list[str], env: dict[str, str], trial_dir: Path, timeout_s: f
             raise
     if sampler is None:
         return returncode, False, {}, {}
+    cpu_s, wall_s = launch_cpu_seconds() - cpu_before, time.monotonic() - t_launch
     sampler.write_energy(trial_dir / energy.SERIES_FILE)
-    return returncode, False, sampler.metrics(), sampler.unmeasured()
+    sampler.write_processes(trial_dir / telemetry.PROCESSES_FILE)
+    cpu = {"launch_cpu_s": cpu_s, "launch_cpu_cores_mean": cpu_s / wall_s if wall_s > 0 else None}
+    return returncode, False, {**sampler.metrics(), **cpu}, sampler.unmeasured()
+
+
+def launch_cpu_seconds() -> float:
+    """User + system CPU seconds of every child this process has waited for (and of theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def end_trial(proc: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from multicard import devices
+from multicard import devices, resources
 
 
 class GpuUtilSampler:
@@ -141,7 +141,9 @@ def processes_on_gpus() -> tuple[dict[str, Processes] | None, str | None]:
 
 
 # what TrialMemorySampler measures from outside a trial
-SAMPLED_METRICS = ("peak_process_mem_bytes", "peak_device_mem_bytes")
+SAMPLED_METRICS = ("peak_process_mem_bytes", "peak_device_mem_bytes", "stray_contexts",
+                   "launch_cpu_s", "launch_cpu_cores_mean")
+PROCESSES_FILE = "gpu_processes.json"  # per (process, GPU) the most device memory seen
 
 
 class TrialMemorySampler:
@@ -151,6 +153,8 @@ class TrialMemorySampler:
     below it (/proc). `peak_device_mem_bytes`: device memory of the trial on the trial's GPUs (the
     first `gpus` that CUDA shows it), counted as `trial_device_bytes` says; includes what the
     framework does not see (CUDA contexts, NCCL buffers). `peak_device_mem_source` says how.
+    `stray_contexts`: how many (process, GPU) pairs of the trial held memory on a GPU that is
+    not the trial's (every GPU's process list is looked at each period; PROCESSES_FILE keeps them).
     Build it before the launch: that is when the GPUs' memory in use by others is read.
     """
 
@@ -168,10 +172,16 @@ class TrialMemorySampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._nvml: Any = _nvml_or_none() if gpus else None
         self._handles: list[Any] = []
+        self._every: dict[str, Any] = {}  # UUID -> handle of every GPU of the machine
+        self.held: resources.Held = {}
+        self.trial_uuids: set[str] = set()
         self.used_before = 0
         if self._nvml:
             try:
                 self._handles = [devices.nvml_handle(self._nvml, g) for g in gpus]
+                self._every = {_uuid(self._nvml, h): h for h in (
+                    self._nvml.nvmlDeviceGetHandleByIndex(i) for i in range(self._nvml.nvmlDeviceGetCount()))}
+                self.trial_uuids = {_uuid(self._nvml, h) for h in self._handles}
                 self.used_before = self._sample()[1]
             except self._nvml.NVMLError as exc:  # e.g. NOT_SUPPORTED inside a sandbox
                 self._handles, self.device_error = [], f"NVML: {exc}"
@@ -214,6 +224,11 @@ class TrialMemorySampler:
                 continue
             value, source = trial_device_bytes(processes, set(tree), used, self.used_before)
             self.peaks[source] = max(self.peaks.get(source, 0), value)
+            try:
+                for uuid, handle in self._every.items():
+                    resources.note_held(self.held, uuid, _nvml_processes(self._nvml, handle), set(tree))
+            except self._nvml.NVMLError as exc:
+                self.device_error = f"NVML: {exc}"
 
     def _sample_energy(self) -> None:
         if self.energy_error:
@@ -243,12 +258,23 @@ class TrialMemorySampler:
             return "NVML unavailable (no driver or library)"
         return self.energy_error or self.device_error or "no sample was taken (the trial ended first)"
 
+    def write_processes(self, path: Path) -> None:
+        from multicard import artifact
+
+        artifact.write_text_atomic(path, json.dumps({
+            "trial_gpus": sorted(self.trial_uuids),
+            "processes": resources.by_process(self.held),
+            "reason": None if self.peaks else self.unmeasured().get("peak_device_mem_bytes")}, indent=0))
+
     def metrics(self) -> dict[str, int | str | None]:
         source = "per-process" if "per-process" in self.peaks else \
             "device-delta" if self.peaks else None
         return {"peak_process_mem_bytes": self.peak_rss or None,
                 "peak_device_mem_bytes": self.peaks[source] if source else None,
-                "peak_device_mem_source": source}
+                "peak_device_mem_source": source,
+                # seen from the process lists of every GPU only where per-process numbers exist
+                "stray_contexts": len(resources.held_outside(self.held, self.trial_uuids))
+                if "per-process" in self.peaks else None}
 
     def unmeasured(self) -> dict[str, str]:
         """Why a sampled metric is null."""
@@ -261,9 +287,18 @@ class TrialMemorySampler:
             else:
                 why = self.device_error or "no sample was taken (the trial ended first)"
             reasons["peak_device_mem_bytes"] = why
+        if "per-process" not in self.peaks:
+            reasons["stray_contexts"] = reasons.get("peak_device_mem_bytes") or (
+                "NVML lists none of the trial's processes (a container's PID namespace hides the "
+                "host PIDs NVML reports)")
         if not self.peak_rss:
             reasons["peak_process_mem_bytes"] = "no sample was taken (the trial ended first)"
         return reasons
+
+
+def _uuid(pynvml: Any, handle: Any) -> str:
+    uuid = pynvml.nvmlDeviceGetUUID(handle)
+    return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
 
 
 def _nvml_or_none() -> Any:

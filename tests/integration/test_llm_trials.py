@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,13 @@ def test_lora_recipe_run_is_parsed_from_its_own_metric_log(tmp_path: Path) -> No
     assert record["unmeasured"]["peak_mem_active_bytes"] == "torchtune logs no device memory on CPU"
     assert m["peak_device_mem_bytes"] is None and record["unmeasured"]["peak_device_mem_bytes"] == \
         "CPU run: no GPU"
+    # the resource evidence the runner takes from outside: the launch's CPU (torchrun, the rank
+    # and what they waited for), measured on CPU too; energy and NVML's process lists not
+    assert 0 < m["launch_cpu_s"] and 0 < m["launch_cpu_cores_mean"] <= os.cpu_count()
+    assert m["launch_cpu_cores_mean"] == pytest.approx(m["launch_cpu_s"] / record["wall_s"], rel=0.1)
+    for metric in ("energy_j", "energy_per_token_j", "mean_power_w", "stray_contexts"):
+        assert m[metric] is None and record["unmeasured"][metric] == "CPU run: no GPU", metric
+    assert set(record["unmeasured"]) <= {k for k, v in m.items() if v is None}
     stderr = (trial / "stderr.log").read_text()
     assert "multicard: StatefulDataLoader pin_memory=True (MULTICARD_PIN_MEMORY)" in stderr
     assert (data / "llm" / "weights" / "random-tiny-seed0" / "consolidated.00.pth").exists()

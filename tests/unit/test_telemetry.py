@@ -51,3 +51,55 @@ def test_a_real_child_in_its_own_session_is_in_the_tree() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def nvml_stand_in(trial: list[int]) -> object:
+    """The pynvml calls the trial sampler makes, answering for two GPUs: the trial's GPU-a and
+    GPU-b, where a process of the trial (its pinning thread's context) holds 300 MiB."""
+    from types import SimpleNamespace
+
+    lists = {"GPU-a": [(trial[0], 4 << 30), (999, 1 << 30)], "GPU-b": [(trial[-1], 300 << 20)]}
+    return SimpleNamespace(
+        NVMLError=type("NVMLError", (Exception,), {}),
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda index: ["GPU-a", "GPU-b"][index],
+        nvmlDeviceGetHandleByUUID=lambda uuid: uuid,
+        nvmlDeviceGetUUID=lambda handle: handle,
+        nvmlDeviceGetMemoryInfo=lambda handle: SimpleNamespace(used=5 << 30),
+        nvmlDeviceGetComputeRunningProcesses=lambda handle: [
+            SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in lists[handle]],
+        nvmlDeviceGetTotalEnergyConsumption=lambda handle: 1000,
+        nvmlShutdown=lambda: None)
+
+
+def test_the_trial_sampler_sees_a_stray_context_on_a_gpu_outside_the_trial(
+        monkeypatch: object, tmp_path: object) -> None:
+    import json
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from multicard import devices
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        fake = nvml_stand_in([os.getpid(), child.pid])
+        monkeypatch.setattr(telemetry, "_nvml_or_none", lambda: fake)  # type: ignore[attr-defined]
+        sampler = telemetry.TrialMemorySampler([devices.GpuIdentity(0, "GPU-a", None)], period_s=0.02)
+        with sampler.watch(os.getpid()):
+            time.sleep(0.2)
+        sampler.write_processes(Path(str(tmp_path)) / telemetry.PROCESSES_FILE)
+    finally:
+        child.kill()
+        child.wait()
+    metrics = sampler.metrics()
+    assert metrics["peak_device_mem_bytes"] == 4 << 30 and metrics["stray_contexts"] == 1
+    assert "stray_contexts" not in sampler.unmeasured()
+    kept = json.loads((Path(str(tmp_path)) / telemetry.PROCESSES_FILE).read_text())
+    assert kept["trial_gpus"] == ["GPU-a"]
+    assert kept["processes"] == [{"pid": os.getpid(), "gpu": "GPU-a", "bytes": 4 << 30},
+                                 {"pid": child.pid, "gpu": "GPU-b", "bytes": 300 << 20}]
+    cpu_only = telemetry.TrialMemorySampler([])
+    assert cpu_only.metrics()["stray_contexts"] is None
+    assert cpu_only.unmeasured()["stray_contexts"] == "CPU run: no GPU"

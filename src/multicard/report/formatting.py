@@ -54,7 +54,8 @@ METRIC_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "workers_cpu_s": ("loader workers' CPU time (s)", fmt_num),
     "cpu_cores_mean": ("CPU cores busy (mean)", fmt_num),
     "stray_contexts": ("stray CUDA contexts", fmt_num),
-    "step_energy_j": ("GPU energy over the measured steps (J)", fmt_num),
+    "launch_cpu_s": ("CPU time of the whole launch (s)", fmt_num),
+    "launch_cpu_cores_mean": ("CPU cores busy over the whole launch (mean)", fmt_num),
     "energy_per_token_j": ("GPU energy per token (mJ)", lambda v: fmt_num(v * 1e3)),
 }
 

@@ -227,9 +227,9 @@ def collect(trial_dir: Path, settings: Mapping[str, Value]) -> dict[str, Any] | 
 def step_energy(trial_dir: Path, steps: list[dict[str, float]], warmup: int, world: int
                 ) -> tuple[dict[str, float | None], dict[str, str]]:
     """GPU energy over the measured steps (from the end of the last warm-up step to the last
-    step's stamp) from the counter series the runner sampled, and per token processed in it
-    (tokens_per_second_per_gpu x step time x ranks)."""
-    keys = ("step_energy_j", "energy_per_token_j")
+    step's stamp: the LLM trial's timed region) from the counter series the runner sampled, per
+    token processed in it (tokens_per_second_per_gpu x step time x ranks), and the mean power."""
+    keys = ("energy_j", "energy_per_token_j", "mean_power_w")
     try:
         sampled = json.loads((trial_dir / energy.SERIES_FILE).read_text())
     except (OSError, json.JSONDecodeError):
@@ -244,7 +244,8 @@ def step_energy(trial_dir: Path, steps: list[dict[str, float]], warmup: int, wor
     tokens = sum(s.get("tokens_per_second_per_gpu", 0.0) * gap * world
                  for s, gap in zip(measured[-len(gaps):], gaps, strict=False))
     found = energy.energy_between([tuple(x) for x in sampled["series"]], start, stamps[-1])
-    values = {"step_energy_j": found.joules, "energy_per_token_j": energy.per_unit(found.joules, tokens)}
+    values = {"energy_j": found.joules, "energy_per_token_j": energy.per_unit(found.joules, tokens),
+              "mean_power_w": energy.mean_power(found.joules, stamps[-1] - start)}
     why = found.reason or "the log counts no tokens in the measured steps"
     return values, {k: str(why) for k, v in values.items() if v is None}
 

@@ -181,9 +181,10 @@ def test_energy_per_token_comes_from_the_counter_over_the_measured_steps(tmp_pat
     series = [[t, int(250_000 * t)] for t in (9.0, 11.0, 13.0, 15.0, 17.0)]  # mJ, 250 W
     (tmp_path / energy.SERIES_FILE).write_text(json.dumps({"series": series, "reason": None}))
     values, why = llm.step_energy(tmp_path, steps, warmup=1, world=2)
-    assert values["step_energy_j"] == pytest.approx(1500.0) and why == {}
+    assert values["energy_j"] == pytest.approx(1500.0) and why == {}
     assert values["energy_per_token_j"] == pytest.approx(1500.0 / 12_000)
+    assert values["mean_power_w"] == pytest.approx(250.0)
     (tmp_path / energy.SERIES_FILE).write_text(json.dumps({"series": [], "reason": "CPU run: no GPU"}))
     values, why = llm.step_energy(tmp_path, steps, warmup=1, world=2)
-    assert values == {"step_energy_j": None, "energy_per_token_j": None}
-    assert why == {"step_energy_j": "CPU run: no GPU", "energy_per_token_j": "CPU run: no GPU"}
+    assert values == {"energy_j": None, "energy_per_token_j": None, "mean_power_w": None}
+    assert why == dict.fromkeys(values, "CPU run: no GPU")
