@@ -333,6 +333,18 @@ def trial_metrics(ranks: Sequence[dict[str, Any]], samples: float, seconds: floa
     return metrics, {k: str(v) for k, v in reasons.items() if metrics[k] is None}
 
 
+def trial_sources(ranks: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """How each measured energy metric of a trial was read: NVML's counter, power samples
+    integrated (a window under MIN_COUNTER_WINDOW_S), or both across ranks; RAPL's counter."""
+    gpu = total([(str(i), Energy(r.get("gpu_energy_j"), r.get("gpu_energy_source")))
+                 for i, r in enumerate(ranks)])
+    cpu = [r for r in ranks if r.get("measures_cpu")]
+    found = {"energy_j": f"NVML {gpu.source}"} if gpu.joules is not None else {}
+    if cpu and all(r.get("cpu_energy_j") is not None for r in cpu):
+        found["cpu_energy_j"] = "RAPL counter"
+    return found
+
+
 # --- energy over a window of a sampled counter (an LLM trial, sampled from outside) ----------
 
 def counter_at(series: Sequence[tuple[float, int]], t: float) -> float | None:

@@ -456,6 +456,8 @@ def _finished_record(spec: Spec, planned: PlannedTrial, out: Path, trial_dir: Pa
         if result and status == "ok" else {},
         "cleared_env": launch.cleared_env(os.environ),
         "trace_metrics": traces,
+        # metric -> how it was read, where there is more than one way (energy: counter or power)
+        "measured_how": result.get("measured_how", {}) if result and status == "ok" else {},
         # LLM trials on random weights: time and memory are valid, the loss means nothing
         **({"random_weights": True} if result and result.get("random_weights") else {}),
         "error": error,

@@ -68,6 +68,16 @@ def stray_trials(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[*spec.grid, "config_id", "trial", "stray_contexts", "details"])
 
 
+def energy_sources(records: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """How many ok trials read their GPU energy each way (the records' `measured_how`)."""
+    counts: dict[str, int] = {}
+    for record in records:
+        how = (record.get("measured_how") or {}).get("energy_j")
+        if record.get("status") == "ok" and how:
+            counts[how] = counts.get(how, 0) + 1
+    return counts
+
+
 WHOLE = "throughput_whole_samples_s"  # FlagPerf's p_whole: start-up and evaluation included
 
 

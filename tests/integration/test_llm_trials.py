@@ -40,7 +40,7 @@ def test_lora_recipe_run_is_parsed_from_its_own_metric_log(tmp_path: Path) -> No
         "CPU run: no GPU"
     # the resource evidence the runner takes from outside: the launch's CPU (torchrun, the rank
     # and what they waited for), measured on CPU too; energy and NVML's process lists not
-    assert 0 < m["launch_cpu_s"] and 0 < m["launch_cpu_cores_mean"] <= os.cpu_count()
+    assert m["launch_cpu_s"] > 0 and 0 < m["launch_cpu_cores_mean"] <= os.cpu_count()
     assert m["launch_cpu_cores_mean"] == pytest.approx(m["launch_cpu_s"] / record["wall_s"], rel=0.1)
     for metric in ("energy_j", "energy_per_token_j", "mean_power_w", "stray_contexts"):
         assert m[metric] is None and record["unmeasured"][metric] == "CPU run: no GPU", metric

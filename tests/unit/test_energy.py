@@ -161,3 +161,20 @@ def test_short_window_power_is_held_out_to_the_window_edges() -> None:
     # samples start a period late and end a period early: 0.5 s at 200 W is 100 J, not 40
     found = energy.window_energy(Reading(0.0, 5), Reading(0.5, 5), 1e-3, None, [(0.1, 200.0), (0.3, 200.0)])
     assert found.joules == pytest.approx(100.0) and found.source == "integrated power"
+
+
+def test_how_a_trials_energy_was_read_is_kept_and_counted() -> None:
+    from multicard import summarize
+
+    counter = {**energy.rank_record(Energy(100.0, "counter"), Energy(5.0, "counter"))}
+    short = {**energy.rank_record(Energy(1.0, "integrated power"), None)}
+    assert energy.trial_sources([counter, counter]) == {"energy_j": "NVML counter",
+                                                        "cpu_energy_j": "RAPL counter"}
+    assert energy.trial_sources([counter, short]) == {"energy_j": "NVML counter + integrated power",
+                                                      "cpu_energy_j": "RAPL counter"}
+    cpu_run = energy.rank_record(Energy(None, None, "CPU run: no GPU"), Energy(None, None, "no powercap"))
+    assert energy.trial_sources([cpu_run]) == {}
+    records = [{"status": "ok", "measured_how": {"energy_j": "NVML counter"}},
+               {"status": "ok", "measured_how": {"energy_j": "NVML counter"}},
+               {"status": "ok", "measured_how": {}}, {"status": "oom"}]
+    assert summarize.energy_sources(records) == {"NVML counter": 2}

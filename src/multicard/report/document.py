@@ -300,12 +300,17 @@ def _energy_section(runs: list[RunData], questions: list[claims.Claim] | None, o
     table, counts = _verdicts(runs, questions)
     table = table.rename(columns={"claim": "question", "the paper says": "question asked"})
     display = table.assign(verdict=[f"**{v}**" for v in table["verdict"]])
+    sources = summarize.energy_sources(r for run in runs for r in run.records)
+    read = ("; ".join(f"{how}: {n} trial(s)" for how, n in sorted(sources.items())) if sources
+            else "no trial measured GPU energy (each record's `unmeasured` says why)")
     return ("## Energy\n\n"
             "Questions of this artifact, not claims of the paper (which measures time only): does "
             f"each lever save GPU energy per training image? {len(table)} questions: {counts}. "
-            "Energy is NVML's counter of every trial GPU over the timed epochs (node level for "
-            "the GPUs, not the wall socket); a ratio above 1 means the lever's arm uses less "
-            "energy per image. Same intervals and verdict rules as the claims.\n\n"
+            "Energy is every trial GPU's over the timed epochs, from NVML's counter where the "
+            "window is at least 1 s and from its power samples integrated where it is shorter "
+            f"(node level for the GPUs, not the wall socket); read here as {read}. A ratio above "
+            "1 means the lever's arm uses less energy per image. Same intervals and verdict rules "
+            "as the claims.\n\n"
             + write_tables(out / "tables" / "energy_questions", display, table.to_csv(index=False)))
 
 

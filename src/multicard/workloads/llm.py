@@ -219,7 +219,8 @@ def collect(trial_dir: Path, settings: Mapping[str, Value]) -> dict[str, Any] | 
     joules, why = step_energy(trial_dir, steps, int(settings["warmup_steps"]),
                               int(settings["gpus"]) * int(settings["nnodes"]))
     measured |= joules
-    return {"metrics": measured, "unmeasured": unmeasured(measured, settings) | why,
+    how = {"energy_j": "NVML counter, sampled by the runner"} if measured.get("energy_j") is not None else {}
+    return {"metrics": measured, "unmeasured": unmeasured(measured, settings) | why, "measured_how": how,
             "steps_logged": len(steps), "logs": [p.name for p in logs],
             "random_weights": settings["weights"] == "random"}
 

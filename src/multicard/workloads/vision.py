@@ -274,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
         result = {
             "metrics": combine_ranks(gathered, accuracy),
             "unmeasured": unmeasured(gathered),
+            "measured_how": energy.trial_sources(gathered),
             "ranks": gathered,
             "world_size": world,
             "steps_per_epoch": steps_per_epoch,
