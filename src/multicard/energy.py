@@ -13,6 +13,7 @@ named (GPUs of the trial, CPU packages), not the wall socket.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from typing import Any
 
 SERIES_FILE = "energy_series.json"  # a trial's GPU counters sampled from outside (telemetry)
 MIN_COUNTER_WINDOW_S = 1.0  # NVML's energy counter; RAPL's updates about every millisecond
+MAX_POWER_GAP_S = 0.5  # power samples further apart do not describe the window between them
 RAPL_MIN_WINDOW_S = 0.01
 POWERCAP = Path("/sys/class/powercap")
 
@@ -79,9 +81,12 @@ def window_energy(start: Reading, end: Reading, joules_per_unit: float, wraps_at
     why = (f"a {seconds:.3f} s window is shorter than the counter resolves ({min_window_s:g} s)"
            if seconds < min_window_s else "the counter went back and its range is unknown")
     inside = [x for x in power_samples if start.t_s <= x[0] <= end.t_s]
-    if len(inside) >= 2:
-        return Energy(integrate_power(inside, start.t_s, end.t_s), "integrated power", why)
-    return Energy(None, None, f"{why}, and fewer than 2 power samples were taken")
+    if len(inside) < 2:
+        return Energy(None, None, f"{why}, and fewer than 2 power samples were taken")
+    gap = max(b[0] - a[0] for a, b in itertools.pairwise(inside))
+    if gap > MAX_POWER_GAP_S:
+        return Energy(None, None, f"{why}, and the power samples leave a {gap:.1f} s gap")
+    return Energy(integrate_power(inside, start.t_s, end.t_s), "integrated power", why)
 
 
 def total(parts: Sequence[tuple[str, Energy]]) -> Energy:
@@ -214,7 +219,11 @@ class GpuEnergyMeter:
         return True
 
     def _sample(self) -> None:
-        while not self._stop.wait(self.period_s):
+        # with the counter read at the start, power samples matter only to a window the counter
+        # cannot resolve: stop after twice that, so a training of hours neither wakes this
+        # thread 20 times a second nor keeps its samples (without the counter: the whole window)
+        until = time.monotonic() + 2 * MIN_COUNTER_WINDOW_S if self._start is not None else float("inf")
+        while not self._stop.wait(self.period_s) and time.monotonic() < until:
             if not self._sample_once():
                 return
 

@@ -178,3 +178,35 @@ def test_how_a_trials_energy_was_read_is_kept_and_counted() -> None:
                {"status": "ok", "measured_how": {"energy_j": "NVML counter"}},
                {"status": "ok", "measured_how": {}}, {"status": "oom"}]
     assert summarize.energy_sources(records) == {"NVML counter": 2}
+
+
+def test_power_samples_with_a_gap_do_not_stand_in_for_a_counter_that_went_back() -> None:
+    # the meter stops sampling power 2 s into a window when the counter works; if the counter
+    # then goes back (a driver reload), samples at the start and the end must not be stretched
+    start, end = Reading(0.0, 5000), Reading(3600.0, 10)
+    samples = [(0.0, 250.0), (0.05, 250.0), (2.0, 250.0), (3600.0, 260.0)]
+    found = energy.window_energy(start, end, 1e-3, None, samples)
+    assert found.joules is None and "leave a 3598.0 s gap" in str(found.reason)
+    assert "the counter went back" in str(found.reason)
+
+
+def test_the_gpu_meter_samples_power_only_as_long_as_a_short_window_needs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    from types import SimpleNamespace
+
+    clock = {"mJ": 0}
+
+    def counter(handle: object) -> int:
+        clock["mJ"] += 1000
+        return clock["mJ"]
+
+    monkeypatch.setitem(sys.modules, "pynvml", SimpleNamespace(
+        nvmlInit=lambda: None, nvmlDeviceGetHandleByUUID=lambda uuid: uuid,
+        nvmlDeviceGetTotalEnergyConsumption=counter, nvmlDeviceGetPowerUsage=lambda handle: 250_000))
+    monkeypatch.setattr(energy, "MIN_COUNTER_WINDOW_S", 0.05)
+    with energy.GpuEnergyMeter("GPU-a", period_s=0.01) as meter:
+        time.sleep(1.2)  # longer than the counter's 1 s (the default window_energy resolves)
+    # about 0.1 s of samples at 100 Hz, one at entry and one at exit: not 120
+    assert 3 <= len(meter.power) <= 20
+    assert meter.energy() == Energy(pytest.approx(1.0), "counter")  # 1000 mJ between the reads
