@@ -80,13 +80,21 @@ def window_energy(start: Reading, end: Reading, joules_per_unit: float, wraps_at
         return Energy(delta * joules_per_unit, "counter")
     why = (f"a {seconds:.3f} s window is shorter than the counter resolves ({min_window_s:g} s)"
            if seconds < min_window_s else "the counter went back and its range is unknown")
-    inside = [x for x in power_samples if start.t_s <= x[0] <= end.t_s]
+    return power_energy(power_samples, start.t_s, end.t_s, why)
+
+
+def power_energy(samples: Sequence[tuple[float, float]], start: float, end: float, why: str | None) -> Energy:
+    """A window's energy from (seconds, watts) samples, only where they cover it: at least two
+    inside, and no stretch (edges included) longer than MAX_POWER_GAP_S without one."""
+    inside = [x for x in samples if start <= x[0] <= end]
+    lead = f"{why}, and " if why else ""
     if len(inside) < 2:
-        return Energy(None, None, f"{why}, and fewer than 2 power samples were taken")
-    gap = max(b[0] - a[0] for a, b in itertools.pairwise(inside))
+        return Energy(None, None, f"{lead}fewer than 2 power samples were taken")
+    times = [start, *(t for t, _ in inside), end]
+    gap = max(b - a for a, b in itertools.pairwise(times))
     if gap > MAX_POWER_GAP_S:
-        return Energy(None, None, f"{why}, and the power samples leave a {gap:.1f} s gap")
-    return Energy(integrate_power(inside, start.t_s, end.t_s), "integrated power", why)
+        return Energy(None, None, f"{lead}the power samples leave a {gap:.1f} s gap")
+    return Energy(integrate_power(inside, start, end), "integrated power", why)
 
 
 def total(parts: Sequence[tuple[str, Energy]]) -> Energy:
@@ -179,7 +187,9 @@ class GpuEnergyMeter:
         self.reason: str | None = "CPU run: no GPU" if uuid is None else None
         self._start: Reading | None = None
         self._end: Reading | None = None
+        self._window: list[float] = []  # monotonic start and end of the measured window
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._nvml: Any = None
         self._handle: Any = None
@@ -195,11 +205,20 @@ class GpuEnergyMeter:
         except Exception as exc:  # no driver, no library, a MIG device
             self.reason = f"NVML unavailable: {exc}"
             return self
-        self._start = self._read()
-        self._sample_once()
+        self.mark_start()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
+
+    def mark_start(self) -> None:
+        """The measured window starts now (after the ranks' barrier: the timed region)."""
+        if self._nvml is None:
+            return
+        self._start = self._read()
+        self._window = [time.monotonic()]
+        self.power = []
+        self._sample_once()
+        self._wake.set()
 
     def _read(self) -> Reading | None:
         try:
@@ -220,27 +239,37 @@ class GpuEnergyMeter:
 
     def _sample(self) -> None:
         # with the counter read at the start, power samples matter only to a window the counter
-        # cannot resolve: stop after twice that, so a training of hours neither wakes this
-        # thread 20 times a second nor keeps its samples (without the counter: the whole window)
-        until = time.monotonic() + 2 * MIN_COUNTER_WINDOW_S if self._start is not None else float("inf")
-        while not self._stop.wait(self.period_s) and time.monotonic() < until:
+        # cannot resolve: after twice that the thread sleeps (until a new start or the exit), so
+        # a training of hours neither wakes it 20 times a second nor keeps its samples
+        while not self._stop.is_set():
+            if self._start is not None and time.monotonic() > self._window[0] + 2 * MIN_COUNTER_WINDOW_S:
+                self._wake.wait()
+                self._wake.clear()
+                continue
             if not self._sample_once():
                 return
+            self._stop.wait(self.period_s)
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
-        if self._start is not None:
-            self._end = self._read()
+        if self._window:
+            self._end = self._read() if self._start is not None else None
             self._sample_once()
+            self._window.append(time.monotonic())
 
     def energy(self) -> Energy:
-        if self._start is None or self._end is None:
-            if len(self.power) >= 2:
-                return Energy(integrate_power(self.power), "integrated power", self.reason)
+        if self._start is not None and self._end is not None:
+            return window_energy(self._start, self._end, 1e-3, None, self.power)
+        if len(self._window) < 2:
             return Energy(None, None, self.reason or "no reading was taken")
-        return window_energy(self._start, self._end, 1e-3, None, self.power)
+        why = self.reason or "the counter's closing read failed"
+        found = power_energy(self.power, self._window[0], self._window[1], why)
+        if found.joules is None and self.power_error:
+            return Energy(None, None, f"{found.reason}; {self.power_error}")
+        return found
 
 
 class CpuEnergyMeter:
@@ -267,6 +296,12 @@ class CpuEnergyMeter:
             return None
         now = time.monotonic()
         return [Reading(now, v) for v in values]
+
+    def mark_start(self) -> None:
+        """The measured window starts now: what the counters moved before it is dropped."""
+        if self._thread is not None and self._step():
+            with self._lock:
+                self.joules = [0.0] * len(self.domains)
 
     def _step(self) -> bool:
         """Add what each counter moved since the last read; False when a read failed."""

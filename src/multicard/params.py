@@ -214,6 +214,9 @@ VISION_METRICS: tuple[str, ...] = (
     "rank_cpu_s",
     "workers_cpu_s",
     "dali_threads_cpu_s",
+    "rank_cores_mean",
+    "workers_cores_mean",
+    "dali_threads_cores_mean",
     "cpu_cores_mean",
     "stray_contexts",
 )

@@ -100,11 +100,21 @@ def note_held(held: Held, gpu: str, processes: Sequence[tuple[int, int | None]],
             held[(pid, gpu)] = max(before or 0, used) if used is not None else before
 
 
-def held_outside(held: Held, gpus: set[str]) -> list[StrayContext]:
-    """Memory the trial's processes held on GPUs that are not the trial's (seen from outside,
-    where which rank trains on which of the trial's GPUs is not known)."""
-    return [StrayContext(pid, gpu, used, "the trial's GPUs") for (pid, gpu), used in sorted(held.items())
-            if gpu not in gpus]
+def strays_seen_from_outside(held: Held, trial_gpus: set[str]) -> list[StrayContext]:
+    """Stray contexts where which rank trains on which of the trial's GPUs is not known (the
+    runner, looking from outside): memory on a GPU that is not the trial's, and, for a process
+    on several of the trial's GPUs, every one but the GPU it holds the most on (a rank trains on
+    one; pin_memory's context elsewhere is small beside the model)."""
+    found = [StrayContext(pid, gpu, used, "the trial's GPUs") for (pid, gpu), used in sorted(held.items())
+             if gpu not in trial_gpus]
+    on_trial: dict[int, list[tuple[str, int | None]]] = {}
+    for (pid, gpu), used in sorted(held.items()):
+        if gpu in trial_gpus:
+            on_trial.setdefault(pid, []).append((gpu, used))
+    for pid, gpus in on_trial.items():
+        own = max(gpus, key=lambda g: g[1] or 0)[0]
+        found += [StrayContext(pid, gpu, used, own) for gpu, used in gpus if gpu != own]
+    return sorted(found, key=lambda f: (f.pid, f.gpu))
 
 
 def by_process(held: Held) -> list[dict[str, Any]]:
@@ -120,9 +130,11 @@ class GpuProcesses:
         self.trains_on = trains_on
         self.held: Held = {}
         self.reason: str | None = "CPU run: no GPU" if trains_on is None else "not looked at"
+        if trains_on is not None and trains_on.startswith("MIG-"):
+            self.reason = "a MIG instance: NVML's process lists are per physical GPU"
 
     def look(self) -> None:
-        if self.trains_on is None:
+        if self.trains_on is None or self.trains_on.startswith("MIG-"):
             return
         from multicard import telemetry
 
@@ -186,6 +198,10 @@ class RankUsage:
         self._dali = [self._dali_threads()]
         return self
 
+    def mark_start(self) -> None:
+        """The measured window starts now (after the ranks' barrier: the timed region)."""
+        self.__enter__()
+
     def __exit__(self, *exc: object) -> None:
         self._end = self._times()
         self._dali.append(self._dali_threads())
@@ -208,8 +224,10 @@ class RankUsage:
         """rank_cpu_s (DALI's threads included), dali_threads_cpu_s, workers_cpu_s and the mean
         CPU use in cores over `seconds`."""
         dali = self._dali[-1] if len(self._dali) == 2 else {}
+        why = ("DALI's threads ended before training did (their time is in rank_cpu_s only)"
+               if self._dali and self._dali[0] else "no DALI thread in this rank")
         threads = {"dali_threads_cpu_s": threads_seconds(self._dali[0], dali) if dali else None,
-                   "dali_threads_reason": None if dali else "no DALI thread in this rank"}
+                   "dali_threads_reason": None if dali else why}
         if self._start is None or self._end is None:
             return {"rank_cpu_s": None, "workers_cpu_s": None, "cpu_cores_mean": None,
                     "cpu_reason": self.reason or "not read", "affinity": self.affinity, **threads}

@@ -61,11 +61,23 @@ def stray_trials(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
     for record in records:
         count = (record.get("metrics") or {}).get("stray_contexts")
         if record.get("experiment") == spec.name and record.get("status") == "ok" and count:
-            details = next((a for a in record.get("artifacts", []) if a.endswith("/result.json")), None)
+            details = stray_details(record.get("artifacts", []))
             rows.append({**{k: record["config"].get(k) for k in spec.grid},
                          "config_id": record["config_id"], "trial": record["trial"],
                          "stray_contexts": int(count), "details": details})
     return pd.DataFrame(rows, columns=[*spec.grid, "config_id", "trial", "stray_contexts", "details"])
+
+
+def stray_details(artifacts: list[str]) -> str | None:
+    """Where a trial's stray contexts are listed: the runner's view of every GPU (LLM trials)
+    or each rank's own (vision)."""
+    from multicard.telemetry import PROCESSES_FILE
+
+    found = next((a for a in artifacts if a.endswith("/" + PROCESSES_FILE)), None)
+    if found:
+        return found
+    result = next((a for a in artifacts if a.endswith("/result.json")), None)
+    return f"{result}, ranks[].stray_contexts" if result else None
 
 
 def energy_sources(records: Iterable[dict[str, Any]]) -> dict[str, int]:
@@ -235,10 +247,15 @@ def loading_key(settings: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(settings.get(k) for k in LOADING_SETTINGS)
 
 
+def is_loader_only(spec: Spec) -> bool:
+    """A run of the loader alone (mode = loader_only): no model, no claim of the paper."""
+    return spec.fixed.get("mode") == "loader_only"
+
+
 def loader_only_rates(spec: Spec, trials: pd.DataFrame) -> LoaderRates:
     """Mean images/s onto the device per loading settings, from a run with mode = loader_only
     (empty for any other run)."""
-    if spec.fixed.get("mode") != "loader_only" or "throughput_samples_s" not in trials:
+    if not is_loader_only(spec) or "throughput_samples_s" not in trials:
         return {}
     means = trials.groupby("config_id")["throughput_samples_s"].mean()
     return {loading_key(settings): float(means[cid]) for cid, _, settings in specmod.configs(spec)
@@ -278,7 +295,10 @@ def trace_trials(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
         per_rank = pd.DataFrame([s for s in record["trace_metrics"].values() if "error" not in s])
         if per_rank.empty:
             continue
-        numbers = per_rank.drop(columns=list(parse.NOT_NUMBERS), errors="ignore").mean()
+        # skipna=False: a breakdown part one rank could not tell (host wait) is not its mean
+        # over the others
+        numbers = per_rank.drop(columns=list(parse.NOT_NUMBERS), errors="ignore").astype(float).mean(
+            skipna=False)
         rows.append({**record["config"], "config_id": record["config_id"], "trial": record["trial"],
                      "trace": record["trace"], **numbers.to_dict()})
     return _in_grid_order(spec, pd.DataFrame(rows)) if rows else pd.DataFrame()

@@ -153,8 +153,9 @@ class TrialMemorySampler:
     below it (/proc). `peak_device_mem_bytes`: device memory of the trial on the trial's GPUs (the
     first `gpus` that CUDA shows it), counted as `trial_device_bytes` says; includes what the
     framework does not see (CUDA contexts, NCCL buffers). `peak_device_mem_source` says how.
-    `stray_contexts`: how many (process, GPU) pairs of the trial held memory on a GPU that is
-    not the trial's (every GPU's process list is looked at each period; PROCESSES_FILE keeps them).
+    `stray_contexts`: how many (process, GPU) pairs of the trial held memory where a rank does
+    not train (resources.strays_seen_from_outside; every GPU's process list is looked at each
+    period; PROCESSES_FILE keeps them).
     Build it before the launch: that is when the GPUs' memory in use by others is read.
     """
 
@@ -179,12 +180,18 @@ class TrialMemorySampler:
         if self._nvml:
             try:
                 self._handles = [devices.nvml_handle(self._nvml, g) for g in gpus]
+            except self._nvml.NVMLError as exc:
+                self.device_error = self.energy_error = f"NVML: {exc}"
+        if self._handles:
+            # memory and process lists apart from the energy counter: one failing (e.g.
+            # NOT_SUPPORTED inside a sandbox) must not stop the other
+            try:
                 self._every = {_uuid(self._nvml, h): h for h in (
                     self._nvml.nvmlDeviceGetHandleByIndex(i) for i in range(self._nvml.nvmlDeviceGetCount()))}
                 self.trial_uuids = {_uuid(self._nvml, h) for h in self._handles}
                 self.used_before = self._sample()[1]
-            except self._nvml.NVMLError as exc:  # e.g. NOT_SUPPORTED inside a sandbox
-                self._handles, self.device_error = [], f"NVML: {exc}"
+            except self._nvml.NVMLError as exc:
+                self.device_error = f"NVML: {exc}"
 
     def watch(self, root_pid: int) -> TrialMemorySampler:
         self.root = root_pid
@@ -273,7 +280,7 @@ class TrialMemorySampler:
                 "peak_device_mem_bytes": self.peaks[source] if source else None,
                 "peak_device_mem_source": source,
                 # seen from the process lists of every GPU only where per-process numbers exist
-                "stray_contexts": len(resources.held_outside(self.held, self.trial_uuids))
+                "stray_contexts": len(resources.strays_seen_from_outside(self.held, self.trial_uuids))
                 if "per-process" in self.peaks else None}
 
     def unmeasured(self) -> dict[str, str]:

@@ -19,7 +19,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 T = TypeVar("T")
 B = TypeVar("B")
@@ -117,13 +117,24 @@ def _range(ranges: Callable[[str], AbstractContextManager[object]] | None,
     return ranges(name) if ranges else nullcontext()
 
 
+@runtime_checkable
+class MarksStart(Protocol):
+    """A sampler whose window can start after it was entered (energy counters, CPU times)."""
+
+    def mark_start(self) -> None: ...
+
+
 def start_together(samplers: list[AbstractContextManager[Any]], barrier: Callable[[], None],
                    stack: ExitStack) -> float:
-    """Enter every sampler (NVML start-up takes a while), then meet the other ranks, then read
-    the clock: no rank's clock starts while another rank is still starting its samplers."""
+    """Enter every sampler (NVML start-up takes a while), then meet the other ranks, then start
+    the meters' windows and read the clock: no rank's clock starts while another rank is still
+    starting its samplers, and no meter counts the wait at the barrier."""
     for sampler in samplers:
         stack.enter_context(sampler)
     barrier()
+    for sampler in samplers:
+        if isinstance(sampler, MarksStart):
+            sampler.mark_start()
     return time.perf_counter()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -62,6 +63,10 @@ def test_loader_only_mode_trains_nothing(tmp_path: Path, data_root: Path) -> Non
     assert record["status"] == "ok" and m["test_accuracy"] is None
     assert m["throughput_samples_s"] > 0 and m["train_loss"] == 0
     assert m["workers_cpu_s"] > 0  # the loader's one worker decoded every image
+    result = json.loads((tmp_path / "run" / f"raw/{record['config_id']}-t0-a0/result.json").read_text())
+    [rank] = result["ranks"]
+    # the worker, alive mid-epoch, and the CPUs it may run on
+    assert list(rank["affinity"]["workers"].values()) == [sorted(os.sched_getaffinity(0))]
 
 
 def _parent(pid: int) -> int:

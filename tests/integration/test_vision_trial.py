@@ -62,10 +62,11 @@ def test_metrics_are_plausible(finished_run: Path) -> None:
 
 # on CPU, what a rank can measure (CPU time, affinity) and what it cannot (GPU energy, NVML's
 # processes, RAPL in this VM, DALI threads with the torch loader, NUMA without the probe)
-MEASURED_ON_CPU = ("rank_cpu_s", "workers_cpu_s", "cpu_cores_mean")
+MEASURED_ON_CPU = ("rank_cpu_s", "workers_cpu_s", "cpu_cores_mean", "rank_cores_mean", "workers_cores_mean")
 NOT_MEASURED_ON_CPU = ("h2d_time_s", "gpu_util_mean", "nvml_process_mem_bytes", "energy_j",
                        "energy_per_sample_j", "mean_power_w", "stray_contexts",
-                       "dali_threads_cpu_s", "local_page_fraction", "cpus_on_gpu_node_fraction")
+                       "dali_threads_cpu_s", "dali_threads_cores_mean", "local_page_fraction",
+                       "cpus_on_gpu_node_fraction")
 
 
 def test_every_metric_is_measured_or_null_with_a_reason(finished_run: Path) -> None:

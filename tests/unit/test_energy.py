@@ -190,23 +190,53 @@ def test_power_samples_with_a_gap_do_not_stand_in_for_a_counter_that_went_back()
     assert "the counter went back" in str(found.reason)
 
 
-def test_the_gpu_meter_samples_power_only_as_long_as_a_short_window_needs(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def stand_in_nvml(monkeypatch: pytest.MonkeyPatch, counter_fails_after: int = 10**9) -> None:
+    """pynvml as GpuEnergyMeter calls it: a counter moving 1000 mJ per read (failing after
+    `counter_fails_after` reads), power 250 W."""
     import sys
     from types import SimpleNamespace
 
-    clock = {"mJ": 0}
+    reads = {"n": 0}
 
     def counter(handle: object) -> int:
-        clock["mJ"] += 1000
-        return clock["mJ"]
+        reads["n"] += 1
+        if reads["n"] > counter_fails_after:
+            raise RuntimeError("NVML_ERROR_UNKNOWN")
+        return 1000 * reads["n"]
 
     monkeypatch.setitem(sys.modules, "pynvml", SimpleNamespace(
         nvmlInit=lambda: None, nvmlDeviceGetHandleByUUID=lambda uuid: uuid,
         nvmlDeviceGetTotalEnergyConsumption=counter, nvmlDeviceGetPowerUsage=lambda handle: 250_000))
-    monkeypatch.setattr(energy, "MIN_COUNTER_WINDOW_S", 0.05)
+    monkeypatch.setattr(energy, "MIN_COUNTER_WINDOW_S", 0.05)  # the sampler stops after 0.1 s
+
+
+def test_the_gpu_meter_samples_power_only_as_long_as_a_short_window_needs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stand_in_nvml(monkeypatch)
     with energy.GpuEnergyMeter("GPU-a", period_s=0.01) as meter:
         time.sleep(1.2)  # longer than the counter's 1 s (the default window_energy resolves)
     # about 0.1 s of samples at 100 Hz, one at entry and one at exit: not 120
     assert 3 <= len(meter.power) <= 20
     assert meter.energy() == Energy(pytest.approx(1.0), "counter")  # 1000 mJ between the reads
+
+
+def test_a_window_started_after_the_barrier_samples_again_and_drops_what_came_before(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stand_in_nvml(monkeypatch)
+    with energy.GpuEnergyMeter("GPU-a", period_s=0.01) as meter:
+        time.sleep(0.4)  # a long barrier: the sampler has gone to sleep
+        meter.mark_start()
+        time.sleep(0.2)  # a short timed region: the counter cannot resolve it
+    assert all(t >= meter._window[0] for t, _ in meter.power) and len(meter.power) >= 10
+    found = meter.energy()
+    assert found.source == "integrated power" and found.joules == pytest.approx(250.0 * 0.2, rel=0.25)
+
+
+def test_a_failed_closing_read_never_stretches_a_few_power_samples_over_the_window(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stand_in_nvml(monkeypatch, counter_fails_after=1)  # the exit read fails
+    with energy.GpuEnergyMeter("GPU-a", period_s=0.01) as meter:
+        time.sleep(1.2)
+    found = meter.energy()
+    assert found.joules is None
+    assert "NVML's energy counter: NVML_ERROR_UNKNOWN" in str(found.reason) and "gap" in str(found.reason)

@@ -129,3 +129,54 @@ def test_a_dali_claim_says_whether_its_configs_were_data_bound(tmp_path: Path) -
     report.write_report([run], run, c12)
     row = (run / "tables" / "claims.csv").read_text().splitlines()[1]
     assert "loader=dali: compute-bound; loader=torch: data-bound" in row
+
+
+def test_a_loader_only_run_gives_the_ladder_its_rung_and_never_a_claim(tmp_path: Path) -> None:
+    from multicard import claims, report, store
+    from tests.helpers import EXPERIMENTS
+
+    def run_of(profile: str, name: str, rates: dict[str, float], trials: int) -> Path:
+        s = spec.load(EXPERIMENTS / "figure6_loaders.toml", profile)
+        run = tmp_path / name
+        run.mkdir()
+        (run / "spec.toml").write_text(spec.to_toml(s))
+        for cid, config, _ in spec.configs(s):
+            if config["gpus"] != 3 or config["image_size"] != 300:
+                continue
+            for trial in range(trials):
+                rate = rates[config["loader"]] * (1 + 0.01 * trial)
+                store.append(run / "trials.jsonl", {
+                    "schema": 1, "experiment": s.name, "config_id": cid, "config": config,
+                    "trial": trial, "status": "ok", "wall_s": 60.0, "error": None, "artifacts": [],
+                    "metrics": {"train_time_s": 600_000 / rate, "throughput_samples_s": rate}})
+        return run
+
+    train = run_of("paper", "train", {"torch": 500.0, "dali": 980.0, "synthetic": 1000.0}, trials=5)
+    # without a model the DataLoader would look 10x faster than DALI (and with more trials, the
+    # group a claim would prefer): a claim must not see it
+    alone = run_of("loader_only", "alone", {"torch": 9000.0, "dali": 900.0}, trials=6)
+    c12 = [c for c in claims.load(EXPERIMENTS / "claims.toml") if c.id == "C12"]
+    report.write_report([train], tmp_path / "one", c12)
+    report.write_report([train, alone], tmp_path / "both", c12)
+    verdict = {d: (tmp_path / d / "tables" / "claims.csv").read_text() for d in ("one", "both")}
+    assert verdict["one"] == verdict["both"]
+    ladder_rows = pd.read_csv(tmp_path / "both" / "tables" / "figure6_loaders_ladder.csv")
+    assert ladder_rows.set_index("loader")["loader_only"].to_dict() == pytest.approx(
+        {"torch": 9225.0, "dali": 922.5})  # the mean of 6 trials 1 % apart
+    assert pd.read_csv(tmp_path / "one" / "tables" / "figure6_loaders_ladder.csv")["loader_only"].isna().all()
+
+
+def test_a_traced_trial_averages_its_ranks_and_a_part_one_rank_could_not_tell_stays_null(
+        tmp_path: Path) -> None:
+    from multicard.profiling import parse
+
+    s = spec.load(write_spec(tmp_path, fixed=TINY_FIXED, grid={"precision": ["fp32"]}))
+    [(cid, config, _)] = spec.configs(s)
+    ranks = [{**parse.empty_summary("nsys-sqlite"), "kernel_count": n, "gpu_span_ns": 100,
+              "gpu_busy_ns": 60, "gpu_host_wait_ns": host, "gpu_timelines": []}
+             for n, host in ((10, 30), (20, None))]
+    record = {"experiment": s.name, "status": "ok", "trace": "nsys", "config_id": cid, "config": config,
+              "trial": 0, "trace_metrics": {f"r{i}.sqlite": r for i, r in enumerate(ranks)}}
+    [row] = summarize.trace_trials(s, [record]).to_dict("records")
+    assert row["kernel_count"] == 15 and row["gpu_busy_ns"] == 60
+    assert np.isnan(row["gpu_host_wait_ns"])  # not 30: rank 1 could not tell its host wait

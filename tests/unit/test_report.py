@@ -283,8 +283,17 @@ def test_a_trial_with_a_stray_context_is_warned_in_the_report_and_the_console(tm
     text = (run / "REPORT.md").read_text()
     assert "**Warning: stray CUDA contexts.**" in text
     assert (f"- precision=fp64 gpus=1 trial 0: 1 (process, GPU) pair(s) "
-            f"(`raw/{first['config_id']}-t0-a0/result.json`, `ranks[].stray_contexts`)") in text
+            f"(`raw/{first['config_id']}-t0-a0/result.json, ranks[].stray_contexts`)") in text
     assert any("stray CUDA context: precision=fp64 gpus=1 trial 0" in p for p in printed)
     clean = constructed_run(tmp_path / "clean")
     report.write_report([clean], clean)
     assert "stray CUDA contexts.**" not in (clean / "REPORT.md").read_text()
+
+
+def test_an_llm_experiment_gets_its_time_and_energy_per_token_figure(tmp_path: Path) -> None:
+    run = gpu_run(tmp_path / "run", "table5_llm_pin_memory",
+                  {(True, 1): [1.0, 1.1, 1.0], (False, 1): [1.2, 1.3, 1.2]}, "step_time_median_s")
+    report.write_report([run], run)
+    assert (run / "figures" / "table5_llm_pin_memory_energy.png").stat().st_size > 1000
+    assert "![time and GPU energy per token](figures/table5_llm_pin_memory_energy.png)" in (
+        run / "REPORT.md").read_text()

@@ -97,3 +97,19 @@ def test_memory_per_process_per_gpu_and_strays_seen_while_they_lived(monkeypatch
                                               {"pid": me, "gpu": "GPU-a", "bytes": 6 << 30}]
     assert found["stray_contexts"] == [{"pid": me, "gpu": "GPU-0", "bytes": 300 << 20, "trains_on": "GPU-a"}]
     assert resources.GpuProcesses(None).record()["stray_contexts_reason"] == "CPU run: no GPU"
+    mig = resources.GpuProcesses("MIG-5c1c")
+    mig.look()
+    assert mig.record()["stray_contexts"] is None
+    assert mig.record()["stray_contexts_reason"] == (
+        "a MIG instance: NVML's process lists are per physical GPU")
+
+
+def test_from_outside_a_process_on_two_trial_gpus_strays_on_the_smaller() -> None:
+    # a 2-GPU trial: rank 20 trains on GPU-b and its pinning thread holds 300 MiB on GPU-a; a
+    # worker (30) of rank 10 holds memory on GPU-z, which is not the trial's
+    held = {(10, "GPU-a"): 8 << 30, (20, "GPU-a"): 300 << 20, (20, "GPU-b"): 8 << 30,
+            (30, "GPU-z"): 100 << 20}
+    assert resources.strays_seen_from_outside(held, {"GPU-a", "GPU-b"}) == [
+        StrayContext(20, "GPU-a", 300 << 20, "GPU-b"),
+        StrayContext(30, "GPU-z", 100 << 20, "the trial's GPUs")]
+    assert resources.strays_seen_from_outside({(10, "GPU-a"): 1, (20, "GPU-b"): 1}, {"GPU-a", "GPU-b"}) == []

@@ -109,10 +109,15 @@ def test_samplers_start_before_the_barrier_and_the_clock_after_it() -> None:
         def __exit__(self, *exc: object) -> None:
             events.append("sampler stopped")
 
+    class Meter(Sampler):
+        def mark_start(self) -> None:  # a meter's window starts after the barrier
+            events.append("meter window starts")
+
     with ExitStack() as stack:
-        t0 = start_together([Sampler()], lambda: events.append("barrier"), stack)
+        t0 = start_together([Sampler(), Meter()], lambda: events.append("barrier"), stack)
         events.append("timed")
-    assert events == ["sampler started", "barrier", "timed", "sampler stopped"]
+    assert events == ["sampler started", "sampler started", "barrier", "meter window starts", "timed",
+                      "sampler stopped", "sampler stopped"]
     assert t0 <= time.perf_counter()
 
 

@@ -220,7 +220,8 @@ def _experiment_section(run: RunData, name: str, out: Path, echo: Callable[[str]
     if has_breakdown:
         lines += ["", f"![compute vs copy wait vs data wait](figures/{name}_breakdown.png)"]
     if has_energy:
-        lines += ["", f"![time and GPU energy per image](figures/{name}_energy.png)"]
+        unit = "token" if spec.workload == "llm" else "image"
+        lines += ["", f"![time and GPU energy per {unit}](figures/{name}_energy.png)"]
     if has_ladder:
         alone = ("; the loader alone from the loader_only run" if ladder["loader_only"].notna().any()
                  else "; no loader_only run in this report, so no loader-alone rung")
@@ -239,7 +240,7 @@ def _stray_lines(spec: Spec, strays: pd.DataFrame, echo: Callable[[str], None] |
     if strays.empty:
         return []
     lines = [f"- {_config_label(spec, r)} trial {r['trial']}: {r['stray_contexts']} (process, GPU) "
-             f"pair(s) (`{r['details']}`, `ranks[].stray_contexts`)" for _, r in strays.iterrows()]
+             f"pair(s) (`{r['details']}`)" for _, r in strays.iterrows()]
     for line in lines if echo else []:
         echo(f"warning: {spec.name}: stray CUDA context: {line.removeprefix('- ')}")
     return ["", "**Warning: stray CUDA contexts.** A rank or its loader workers held memory on a GPU "
@@ -316,7 +317,8 @@ def _energy_section(runs: list[RunData], questions: list[claims.Claim] | None, o
 
 def _verdicts(runs: list[RunData], claim_list: list[claims.Claim]) -> tuple[pd.DataFrame, str]:
     results: dict[str, list[claims.Results]] = {}
-    for run in runs:
+    # a loader_only run trains nothing: its configs share names with training's, never its claims
+    for run in (r for r in runs if not summarize.is_loader_only(r.spec)):
         results.setdefault(run.spec.name, []).append(claims.results_of(run.spec, run.records))
     verdicts = claims.evaluate(claim_list, results)
     table = pd.DataFrame([{

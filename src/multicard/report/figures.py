@@ -88,11 +88,15 @@ def plot_breakdown(spec: Spec, table: pd.DataFrame, target: Path) -> bool:
     return True
 
 
+ENERGY_PER_UNIT = ("energy_per_sample_j", "energy_per_token_j")
+
+
 def plot_time_and_energy(spec: Spec, table: pd.DataFrame, target: Path) -> bool:
-    """Per config, the primary metric and GPU energy per image side by side (mean, 95% CI);
-    an energy panel with nothing measured says so instead of drawing zeros."""
-    metric = "energy_per_sample_j"
-    if metric not in spec.metrics:
+    """Per config, the primary metric and GPU energy per image (vision) or per token (LLM) side
+    by side (mean, 95% CI); an energy panel with nothing measured says so instead of drawing
+    zeros."""
+    metric = next((m for m in ENERGY_PER_UNIT if m in spec.metrics), None)
+    if metric is None:
         return False
     plt = pyplot()
     labels = [" ".join(f"{row[k]}" for k in spec.grid) for _, row in table.iterrows()]

@@ -437,12 +437,16 @@ def trial_resources(ranks: list[dict[str, Any]], train_time: float) -> dict[str,
         values = [r.get(key) for r in ranks]
         return sum(values) if all(v is not None for v in values) else None  # type: ignore[arg-type]
 
-    rank_s, workers_s = summed("rank_cpu_s"), summed("workers_cpu_s")
+    def cores(seconds: float | None) -> float | None:  # mean CPU cores busy over the timed epochs
+        return seconds / train_time if seconds is not None and train_time > 0 else None
+
+    rank_s, workers_s, dali_s = summed("rank_cpu_s"), summed("workers_cpu_s"), summed("dali_threads_cpu_s")
     strays = [r.get("stray_contexts") for r in ranks]
-    return {"rank_cpu_s": rank_s, "workers_cpu_s": workers_s,
-            "dali_threads_cpu_s": summed("dali_threads_cpu_s"),
-            "cpu_cores_mean": (rank_s + workers_s) / train_time
-            if rank_s is not None and workers_s is not None and train_time > 0 else None,
+    return {"rank_cpu_s": rank_s, "workers_cpu_s": workers_s, "dali_threads_cpu_s": dali_s,
+            "rank_cores_mean": cores(rank_s), "workers_cores_mean": cores(workers_s),
+            "dali_threads_cores_mean": cores(dali_s),
+            "cpu_cores_mean": cores(rank_s + workers_s)
+            if rank_s is not None and workers_s is not None else None,
             "stray_contexts": sum(len(s) for s in strays if s is not None)
             if all(s is not None for s in strays) else None}
 
@@ -466,12 +470,15 @@ def unmeasured(ranks: list[dict[str, Any]]) -> dict[str, str]:
     cpu_why = next((r.get("cpu_reason") or "the rank recorded no CPU time" for r in ranks
                     if r.get("rank_cpu_s") is None), None)
     if cpu_why:
-        reasons |= dict.fromkeys(("rank_cpu_s", "workers_cpu_s", "cpu_cores_mean"), cpu_why)
+        reasons |= dict.fromkeys(("rank_cpu_s", "workers_cpu_s", "cpu_cores_mean", "rank_cores_mean",
+                                  "workers_cores_mean"), cpu_why)
     for metric, why_key in (("stray_contexts", "stray_contexts_reason"),
                             ("dali_threads_cpu_s", "dali_threads_reason")):
         why = next((r.get(why_key) or "not recorded" for r in ranks if r.get(metric) is None), None)
         if why:
             reasons[metric] = why
+    if "dali_threads_cpu_s" in reasons:
+        reasons["dali_threads_cores_mean"] = reasons["dali_threads_cpu_s"]
     for metric in ("local_page_fraction", "cpus_on_gpu_node_fraction"):
         if all(r.get(metric) is None for r in ranks):
             reasons[metric] = ("numa_evidence is off: no NUMA placement probe in this trial"

@@ -87,8 +87,13 @@ def test_dali_threads_are_counted_apart_and_null_without_dali() -> None:
     base = rank(2.0, [2.0], [0.1], 0.1, 10, 1, [0.1])
     dali = [{**base, "rank_cpu_s": 3.0, "workers_cpu_s": 0.0, "dali_threads_cpu_s": 2.5},
             {**base, "rank_cpu_s": 3.0, "workers_cpu_s": 0.0, "dali_threads_cpu_s": 1.5}]
-    assert combine_ranks(dali, None)["dali_threads_cpu_s"] == 4.0
+    metrics = combine_ranks(dali, None)
+    assert metrics["dali_threads_cpu_s"] == 4.0
+    # over the 2 s of training: mean cores of each part, and of the rank and workers together
+    assert (metrics["rank_cores_mean"], metrics["workers_cores_mean"], metrics["dali_threads_cores_mean"],
+            metrics["cpu_cores_mean"]) == (3.0, 0.0, 2.0, 3.0)
     torch_loader = [{**base, "rank_cpu_s": 3.0, "workers_cpu_s": 1.0, "dali_threads_cpu_s": None,
                      "dali_threads_reason": "no DALI thread in this rank"}]
     assert combine_ranks(torch_loader, None)["dali_threads_cpu_s"] is None
     assert unmeasured(torch_loader)["dali_threads_cpu_s"] == "no DALI thread in this rank"
+    assert unmeasured(torch_loader)["dali_threads_cores_mean"] == "no DALI thread in this rank"
