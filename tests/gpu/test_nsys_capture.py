@@ -28,3 +28,9 @@ def test_nsys_trace_per_rank_with_the_papers_metrics(tmp_path: Path) -> None:
     assert summary["kernel_count"] > 0 and summary["cuda_launch_kernel_count"] > 0
     assert summary["memcpy_htod_pinned_count"] > 0
     assert set(summary["epoch_pauses_ns"]) == {"0", "1"}  # JSON keys
+    # the GPU timeline of the one rank on its one device, its parts adding up to the span; the
+    # runtime API records every launch, so host wait and idle are told apart
+    [timeline] = summary["gpu_timelines"]
+    assert summary["gpu_busy_ns"] > 0 and summary["gpu_launch_matched"] > 0.5
+    parts = ("gpu_busy_ns", "gpu_copy_ns", "gpu_host_wait_ns", "gpu_idle_ns")
+    assert sum(summary[p] for p in parts) == summary["gpu_span_ns"] == timeline["gpu_span_ns"]

@@ -94,3 +94,22 @@ def test_two_gpus_over_nccl(tmp_path: Path) -> None:
     assert result["world_size"] == 2
     assert len({r["gpu_uuid"] for r in result["ranks"]}) == 2  # two different GPUs
     assert record["metrics"]["throughput_samples_s"] > 0
+
+
+def test_a_gpu_trial_measures_its_energy_and_its_processes_memory(tmp_path: Path) -> None:
+    [record] = run_grid(tmp_path, {"pin_memory": [True]}, epochs=3, max_steps=0)
+    m = record["metrics"]
+    # three epochs of 4096 images: seconds, so NVML's counter resolves the window
+    assert m["train_time_s"] > 1.0
+    assert m["energy_j"] > 0 and record["measured_how"]["energy_j"] == "NVML counter"
+    assert m["energy_per_sample_j"] == pytest.approx(m["energy_j"] / (3 * 4096), rel=0.01)
+    assert 10 < m["mean_power_w"] < 1500  # one GPU's board power, not a sum of samples
+    assert m["rank_cpu_s"] > 0 and m["workers_cpu_s"] > 0 and m["dali_threads_cpu_s"] is None
+    rank = result_of(tmp_path, record)["ranks"][0]
+    if rank["gpu_memory_by_process"] is None:  # a sandbox's PID namespace hides our PIDs
+        assert "PID" in rank["stray_contexts_reason"]
+    else:  # one GPU: the rank's memory is on it, and nothing can be elsewhere
+        own = [p for p in rank["gpu_memory_by_process"] if p["pid"] == rank["pid"]]
+        assert [p["gpu"] for p in own] == [rank["gpu_uuid"]] and own[0]["bytes"] > 0
+        assert m["stray_contexts"] == 0
+
