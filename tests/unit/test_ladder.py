@@ -164,6 +164,9 @@ def test_a_loader_only_run_gives_the_ladder_its_rung_and_never_a_claim(tmp_path:
     assert ladder_rows.set_index("loader")["loader_only"].to_dict() == pytest.approx(
         {"torch": 9225.0, "dali": 922.5})  # the mean of 6 trials 1 % apart
     assert pd.read_csv(tmp_path / "one" / "tables" / "figure6_loaders_ladder.csv")["loader_only"].isna().all()
+    text = (tmp_path / "both" / "REPORT.md").read_text()
+    assert ("## Figure 6: DataLoader vs DALI vs no-loading bound (Scenario B, DDP-DS): the loader alone, "
+            "no model") in text
 
 
 def test_a_traced_trial_averages_its_ranks_and_a_part_one_rank_could_not_tell_stays_null(

@@ -186,7 +186,7 @@ def _experiment_section(run: RunData, name: str, out: Path, echo: Callable[[str]
         ladder.to_csv(tables / f"{name}_ladder.csv", index=False)
     fixed = ", ".join(f"{k}={v}" for k, v in spec.fixed.items())
     lines = [
-        f"## {spec.title}",
+        f"## {spec.title}" + (": the loader alone, no model" if summarize.is_loader_only(spec) else ""),
         "",
         f"Experiment `{spec.name}` ({spec.paper or 'extension'}), profile `{spec.profile}`, "
         f"run `{_rel(run.path, out)}`: {len(trials)} of {run.planned} planned trials ok, "
