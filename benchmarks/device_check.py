@@ -48,6 +48,7 @@ if str(ROOT / "src") not in sys.path:  # a bare checkout: no install needed
 from multicard import artifact, cost, report, runner, store, telemetry  # noqa: E402
 from multicard import spec as specmod  # noqa: E402
 from multicard.errors import InputError  # noqa: E402
+from multicard.precision import PRECISIONS  # noqa: E402
 from multicard.profiling import nsys  # noqa: E402
 from multicard.stopping import GATE, Interrupted, stop_on_signals  # noqa: E402
 
@@ -276,9 +277,11 @@ def energy_by_precision(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if row["part"] != "precision" or row["status"] != "ok":
             continue
         found.setdefault(row["precision"], []).append(row)
+    # in the precisions' own order (fp64 first), not the shuffled order the trials ran in
+    ordered = sorted(found.items(), key=lambda item: list(PRECISIONS).index(item[0]))
     return {name: statistics.fmean(values) if (values := [r["energy_per_sample_j"] for r in trials
                                                           if r["energy_per_sample_j"] is not None])
-            else f"not measured: {trials[0]['energy_reason']}" for name, trials in found.items()}
+            else f"not measured: {trials[0]['energy_reason']}" for name, trials in ordered}
 
 
 def energy_text(by_precision: dict[str, Any]) -> str:
