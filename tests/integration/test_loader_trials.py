@@ -46,9 +46,11 @@ def test_dali_and_synthetic_trials_on_two_ranks(tmp_path: Path, data_root: Path)
         # 256 images, 2 ranks, 16 per batch: 8 steps per rank and epoch, 2 epochs
         assert m["throughput_samples_s"] * m["train_time_s"] == pytest.approx(512)
         assert 0 <= m["test_accuracy"] <= 1
-        # DALI's threads (in the rank) burn CPU of their own; the synthetic loader has none
+        # DALI's threads (in the rank) are counted apart, a part of the rank's time (here a few
+        # ms of decoding: /proc counts in 10 ms ticks, so it may read 0); the synthetic loader
+        # has none
         if record["config"]["loader"] == "dali":
-            assert 0 < m["dali_threads_cpu_s"] <= m["rank_cpu_s"]
+            assert m["dali_threads_cpu_s"] is not None and 0 <= m["dali_threads_cpu_s"] <= m["rank_cpu_s"]
         else:
             assert m["dali_threads_cpu_s"] is None
             assert record["unmeasured"]["dali_threads_cpu_s"] == "no DALI thread in this rank"
