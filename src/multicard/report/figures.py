@@ -36,9 +36,7 @@ def plot_primary(spec: Spec, table: pd.DataFrame, trials: pd.DataFrame, target: 
         if facet:
             ax.set_title(f"{facet} = {value}", fontsize=9)
     fig.suptitle(spec.title, fontsize=9)
-    fig.tight_layout()
     _save(fig, target)
-    plt.close(fig)
     return True
 
 
@@ -82,9 +80,7 @@ def plot_breakdown(spec: Spec, table: pd.DataFrame, target: Path) -> bool:
     ax.tick_params(axis="x", labelrotation=90, labelsize=7)
     ax.set_title(f"{spec.name}: compute vs waiting for data", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
     _save(fig, target)
-    plt.close(fig)
     return True
 
 
@@ -113,9 +109,7 @@ def plot_time_and_energy(spec: Spec, table: pd.DataFrame, target: Path) -> bool:
         ax.set_ylabel(label(key) + " (mean, 95% CI)")
         ax.tick_params(axis="x", labelrotation=90, labelsize=7)
     fig.suptitle(f"{spec.name}: time and energy", fontsize=9)
-    fig.tight_layout()
     _save(fig, target)
-    plt.close(fig)
     return True
 
 
@@ -142,12 +136,13 @@ def plot_ladder(spec: Spec, table: pd.DataFrame, ladder: pd.DataFrame, target: P
     ax.tick_params(axis="x", labelrotation=90, labelsize=7)
     ax.set_title(f"{spec.name}: the bottleneck ladder", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
     _save(fig, target)
-    plt.close(fig)
     return True
 
 
 def _save(fig: Any, target: Path) -> None:
+    """Lay the figure out, write it, and free it (pyplot keeps every open figure)."""
+    fig.tight_layout()
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target, dpi=120)
+    pyplot().close(fig)
