@@ -129,6 +129,8 @@ def vision_unrunnable(settings: Settings, trace: str, machine: Machine) -> Reaso
     if settings.get("loader") == "dali" and importlib.util.find_spec("nvidia.dali") is None:
         return "DaliNotInstalled", "loader = 'dali' but nvidia.dali is not installed here"
     policy = str(settings.get("numa_policy", "none"))
+    if policy in numa.TORCHRUN_POLICIES:
+        return torchrun_binding_unrunnable(policy, str(settings["device"]), machine)
     if policy != "none":
         if not machine.numactl:
             return "NumactlNotInstalled", f"numa_policy = {policy!r} needs numactl on PATH"
@@ -139,6 +141,23 @@ def vision_unrunnable(settings: Settings, trace: str, machine: Machine) -> Reaso
                 numa.numactl_args(policy, machine.topology, home)
         except numa.PolicyNotApplicableError as exc:
             return "NumaPolicyNotApplicable", str(exc)
+    return None
+
+
+def torchrun_binding_unrunnable(policy: str, device: str, machine: Machine) -> Reason:
+    """Why torchrun's own `--numa-binding` cannot bind this config's ranks here, or None."""
+    mode = numa.TORCHRUN_POLICIES[policy]
+    modes, why = launch.torchrun_binding_modes()
+    if why:
+        return "TorchrunBindingNotAvailable", f"numa_policy = {policy!r}: {why}"
+    if mode not in modes:
+        return "TorchrunBindingNotAvailable", (f"numa_policy = {policy!r}: this torch's --numa-binding "
+                                               f"offers {', '.join(sorted(modes))}, not {mode}")
+    if device != "cuda":
+        return "TorchrunBindingNeedsGpu", (f"numa_policy = {policy!r}: torchrun binds each worker near "
+                                           "its accelerator, and a CPU run has none")
+    if not machine.numactl:
+        return "NumactlNotInstalled", f"numa_policy = {policy!r}: torchrun's binding runs numactl"
     return None
 
 

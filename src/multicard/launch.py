@@ -6,7 +6,10 @@ venv or a container's Python is used consistently.
 
 from __future__ import annotations
 
+import ast
 import ctypes
+import importlib.metadata
+import importlib.util
 import os
 import select
 import signal
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import multicard
 from multicard import params
+from multicard.numa import TORCHRUN_POLICIES
 from multicard.params import Value
 
 PR_SET_PDEATHSIG = 1
@@ -39,12 +43,14 @@ def torchrun_argv(
     nnodes: int = 1,
     rdzv: Rendezvous | None = None,
     wrapper: Sequence[str] = (),
+    numa_binding: str | None = None,
 ) -> list[str]:
     """`python -m torch.distributed.run ... -m module args`.
 
     One node uses `--standalone` (a private rendezvous on a free port). Several nodes use
     `rendezvous_flags` (static ranks: the node rank is filled in on each node). A `wrapper`
     (nsys) is put in front of every rank with `--no-python`, so each rank gets its own process.
+    `numa_binding`: torchrun's own `--numa-binding` mode (node, socket, exclusive).
     """
     argv = [sys.executable, "-m", "torch.distributed.run"]
     if nnodes == 1:
@@ -54,6 +60,8 @@ def torchrun_argv(
             raise ValueError("several nodes need a rendezvous (HOST:PORT and an id)")
         argv += rendezvous_flags(nnodes, rdzv, "-")
     argv.append(f"--nproc-per-node={nproc_per_node}")
+    if numa_binding:
+        argv.append(f"--numa-binding={numa_binding}")
     if wrapper:
         return [*argv, "--no-python", *wrapper, sys.executable, "-m", module, *module_args]
     return [*argv, "-m", module, *module_args]
@@ -235,10 +243,31 @@ def _kill_self_when_gone(pid: int, handle: int | None) -> None:
 
 
 def rank_wrapper(numa_policy: str, device: str, inner: Sequence[str] = ()) -> list[str]:
-    """What runs in front of every rank: the NUMA binder (outermost), then e.g. nsys."""
+    """What runs in front of every rank: the numactl binder (outermost), then e.g. nsys;
+    torchrun's own policies need no wrapper (torchrun wraps the rank itself)."""
     numa = [sys.executable, "-m", "multicard.numa_bind", numa_policy, device, "--"] \
-        if numa_policy != "none" else []
+        if numa_policy != "none" and numa_policy not in TORCHRUN_POLICIES else []
     return [*numa, *inner]
+
+
+def torchrun_binding_modes() -> tuple[frozenset[str], str | None]:
+    """The `--numa-binding` modes of the installed torch's torchrun, read from its source
+    (torch/numa/binding.py's AffinityMode) so that nothing here imports torch; none and why
+    where it has none."""
+    found = importlib.util.find_spec("torch")
+    if found is None or not found.submodule_search_locations:
+        return frozenset(), "torch is not installed"
+    root = Path(next(iter(found.submodule_search_locations)))
+    version = importlib.metadata.version("torch")
+    source, run = root / "numa" / "binding.py", root / "distributed" / "run.py"
+    if not source.exists() or "--numa-binding" not in run.read_text(errors="replace"):
+        return frozenset(), f"the installed torch {version} has no torchrun --numa-binding"
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == "AffinityMode":
+            return frozenset(stmt.value.value for stmt in node.body if isinstance(stmt, ast.Assign)
+                             and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+                             ), None
+    return frozenset(), f"torch {version}'s torch/numa/binding.py defines no AffinityMode"
 
 
 def vision_argv(settings: Mapping[str, Value], trial_dir: Path, data_dir: Path, trace: str,
@@ -248,4 +277,5 @@ def vision_argv(settings: Mapping[str, Value], trial_dir: Path, data_dir: Path, 
                    *params.to_flags(settings)]
     return torchrun_argv("multicard.workloads.vision", module_args,
                          nproc_per_node=int(settings["gpus"]), nnodes=int(settings["nnodes"]),
-                         rdzv=rdzv, wrapper=wrapper)
+                         rdzv=rdzv, wrapper=wrapper,
+                         numa_binding=TORCHRUN_POLICIES.get(str(settings["numa_policy"])))

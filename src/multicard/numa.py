@@ -31,7 +31,12 @@ from multicard.errors import InputError
 
 SYSFS_NODES = Path("/sys/devices/system/node")
 SYSFS_PCI = Path("/sys/bus/pci/devices")
-POLICIES = ("none", "local", "remote", "interleave")
+# numactl's policies, applied by multicard.numa_bind in front of each rank
+NUMACTL_POLICIES = ("none", "local", "remote", "interleave")
+# torchrun's own binding (`--numa-binding=MODE`, torch/numa/binding.py: each worker's CPUs set
+# from its GPU's NUMA node with numactl --physcpubind; memory is not bound, pages go first-touch)
+TORCHRUN_POLICIES = {"torchrun_node": "node", "torchrun_socket": "socket", "torchrun_exclusive": "exclusive"}
+POLICIES = (*NUMACTL_POLICIES, *TORCHRUN_POLICIES)
 # Linux's own limits (CONFIG_NR_CPUS at most 8192, MAX_NUMNODES 1024) with room to spare
 MAX_CPUS, MAX_NODES = 65_536, 4096
 # Terminal underline codes around the header; some captures lost the ESC byte itself.
@@ -311,7 +316,7 @@ def _nearest(topology: Topology, origin: int, candidates: list[int]) -> int:
 
 def numactl_args(policy: str, topology: Topology, home: int | None) -> list[str]:
     """The numactl command prefix for a rank whose home node is `home` ([] for `none`)."""
-    if policy == "none":
+    if policy == "none" or policy in TORCHRUN_POLICIES:  # torchrun binds these itself
         return []
     if policy == "interleave":
         # Only nodes with CPUs and memory: `all` would also spread pages over memory-only nodes

@@ -102,8 +102,11 @@ VISION: dict[str, Param] = {
     "dali_threads": Param(int, 4, "DALI pipeline CPU threads per rank", minimum=1, maximum=512),
     "dali_affinity": Param(bool, False, "DALI pins its threads to the CPUs nearest the GPU "
                            "(Pipeline set_affinity; DALI's default: false)"),
-    "numa_policy": Param(str, "none", "per-rank binding: none, local, remote, interleave (numa.py)",
-                         choices=("none", "local", "remote", "interleave")),
+    "numa_policy": Param(str, "none", "per-rank binding: none, local, remote, interleave (numactl, "
+                         "numa.py), or torchrun's own --numa-binding: torchrun_node, torchrun_socket, "
+                         "torchrun_exclusive",
+                         choices=("none", "local", "remote", "interleave", "torchrun_node",
+                                  "torchrun_socket", "torchrun_exclusive")),
     "numa_evidence": Param(bool, False, "record numa_maps and CPU lists of every rank and worker "
                            "mid-epoch (placement metrics)"),
     "page_cache": Param(str, "as_is", "Scenario B files before each trial: as_is, warm (read "

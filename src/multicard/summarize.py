@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from multicard import cost, ladder, stats
+from multicard import cost, ladder, numa, stats
 from multicard import spec as specmod
 from multicard.profiling import parse
 from multicard.spec import Spec
@@ -416,11 +416,13 @@ def numa_findings(spec: Spec, trials: pd.DataFrame) -> list[Finding]:
     1. Does `local` remove the DataLoader's 3-4 GPU penalty? `yes` when, at 3-4 GPUs, local is
        faster than none (CI of T_none/T_local above 1) and the DataLoader is then no slower than
        DALI (no CI of T_torch/T_dali above 1); `partly` when local is faster but the penalty
-       remains; `no` otherwise; `not run` without 3-4 GPU DataLoader trials under both policies.
+       remains; `no` otherwise; `not run` without 3-4 GPU DataLoader trials under both policies
+       or DALI trials under local to measure the penalty against.
     2. Does `remote` create a penalty? `yes` when remote is slower than none (CI below 1) for the
        DataLoader at some GPU count.
     3. Which control explains what is left? Every control (page cache, persistent workers,
        normalisation on the device) whose effect on time or pauses has a CI excluding 1.
+    4. numactl `local` vs torchrun's `--numa-binding` vs none (torchrun_finding).
     """
     gpus = spec.grid.get("gpus", [spec.fixed.get("gpus")])
     policy = effects(spec, trials, "numa_policy", "none", "train_time_s")
@@ -428,7 +430,7 @@ def numa_findings(spec: Spec, trials: pd.DataFrame) -> list[Finding]:
     penalty = effects(spec, trials, "loader", "torch", "train_time_s")
     local = _select(policy, PENALTY_GPUS, numa_policy="local")
     left = _select(penalty, PENALTY_GPUS, numa_policy="local", loader="dali")
-    if local.empty:
+    if local.empty or left.empty:  # the penalty is measured against DALI under local
         removes = "not run"
     elif (local["ci"] == "above").all():
         removes = "partly" if (left["ci"] == "above").any() else "yes"
@@ -451,4 +453,40 @@ def numa_findings(spec: Spec, trials: pd.DataFrame) -> list[Finding]:
                 pd.concat(local_evidence, ignore_index=True) if local_evidence else pd.DataFrame()),
         Finding("Does `remote` create a penalty?", creates, remote),
         Finding("Which control explains what is left?", explains, controls),
+        torchrun_finding(spec, trials, gpus),
     ]
+
+
+def torchrun_finding(spec: Spec, trials: pd.DataFrame, gpus: Iterable[int]) -> Finding:
+    """numactl `local` vs torchrun's own `--numa-binding` vs none: for each torchrun policy the
+    run has, the DataLoader's time against none and against local at every GPU count."""
+    question = "numactl `local` vs torchrun's `--numa-binding` vs none?"
+    modes = [p for p in spec.grid.get("numa_policy", []) if p in numa.TORCHRUN_POLICIES]
+    tables = {base: effects(spec, trials, "numa_policy", base, "train_time_s") for base in ("none", "local")}
+    answers, evidence = [], []
+    for mode in modes:
+        found = {base: _select(table, gpus, numa_policy=mode) for base, table in tables.items()}
+        if all(f.empty for f in found.values()):
+            continue
+        evidence += [f for f in found.values() if not f.empty]
+        answers.append(f"{mode}: {_compared(found['none'], 'none')}, {_compared(found['local'], 'local')}")
+    if not answers:
+        return Finding(question, "not run", pd.DataFrame())
+    return Finding(question, "; ".join(answers), pd.concat(evidence, ignore_index=True))
+
+
+def _compared(effect: pd.DataFrame, base: str) -> str:
+    """In words, where the intervals of time(base) / time(level) lie at every GPU count."""
+    where = set(effect["ci"]) if not effect.empty else set()
+    if not where or where == {"undetermined"}:
+        return f"not compared with {base}"
+    if where == {"above"}:
+        return f"faster than {base}"
+    if where == {"below"}:
+        return f"slower than {base}"
+    if {"above", "below"} <= where:
+        return f"faster than {base} at some GPU counts, slower at others"
+    if where & {"above", "below"}:
+        faster = "faster" if "above" in where else "slower"
+        return f"{faster} than {base} at some GPU counts, no different at others"
+    return f"no different from {base} (every CI contains 1)"

@@ -42,3 +42,17 @@ def test_local_policy_records_pages_and_cpus_of_every_rank_and_worker(tmp_path: 
     result = json.loads(next((tmp_path / "run").glob("raw/*/result.json")).read_text())
     assert all(r["numa_workers_inherit_cpus"] for r in result["ranks"])
     assert all(r["numa_workers_seen"] == 1 for r in result["ranks"])
+
+
+def test_torchrun_policies_are_recorded_as_skipped_on_a_cpu_run_with_the_reason(tmp_path: Path) -> None:
+    # the numa_binding smoke profile's torchrun policies, as the runner records them here
+    smoke = spec.load(Path(__file__).parents[2] / "experiments" / "numa_binding.toml", "smoke")
+    assert {"torchrun_node", "torchrun_socket", "torchrun_exclusive"} <= set(smoke.grid["numa_policy"])
+    fixed = {"device": "cpu", "image_size": 32, "epochs": 1, "max_steps": 2, "batch_size": 16,
+             "num_workers": 0, "warmup_steps": 0, "train_subset": 64, "test_subset": 32, "gpus": 2}
+    path = write_spec(tmp_path, fixed=fixed, grid={"numa_policy": ["torchrun_node", "torchrun_exclusive"]})
+    outcome = runner.run(spec.load(path), tmp_path / "run", data_dir=DATA, echo=lambda _: None)
+    assert (outcome.skipped, outcome.failed) == (2, 0)
+    for record in store.read(tmp_path / "run" / "trials.jsonl"):
+        assert record["status"] == "skipped" and record["error"]["type"] == "TorchrunBindingNeedsGpu"
+        assert "a CPU run has none" in record["error"]["message"]

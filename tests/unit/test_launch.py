@@ -157,3 +157,49 @@ def test_a_rank_is_orphaned_when_re_parented_to_init_or_a_node_step() -> None:
     torchrun = (8, [sys.executable, "-m", "torch.distributed.run", "--nnodes=2"])
     assert launch.orphaned([]) and launch.orphaned([node_step])
     assert not launch.orphaned([(9, ["nsys", "profile"]), torchrun, node_step])
+
+
+@pytest.mark.parametrize(("policy", "binding", "binder"), [
+    ("none", None, False), ("local", None, True), ("interleave", None, True),
+    ("torchrun_node", "--numa-binding=node", False), ("torchrun_socket", "--numa-binding=socket", False),
+    ("torchrun_exclusive", "--numa-binding=exclusive", False)])
+def test_each_numa_policy_binds_through_numactl_or_torchrun(
+        tmp_path: Path, policy: str, binding: str | None, binder: bool) -> None:
+    settings = params.resolve("vision", {"gpus": 2, "device": "cuda", "numa_policy": policy})
+    wrapper = launch.rank_wrapper(policy, "cuda")
+    argv = launch.vision_argv(settings, tmp_path, tmp_path, "none", wrapper)
+    flags = argv[:argv.index("--nproc-per-node=2") + 2]  # torchrun's own, before the rank's
+    assert [f for f in flags if f.startswith("--numa-binding")] == ([binding] if binding else [])
+    assert ("multicard.numa_bind" in argv) is binder
+    if binder:  # numactl's policies: the binder in front of every rank, through --no-python
+        at = argv.index("--no-python")
+        assert argv[at + 1:at + 6] == [sys.executable, "-m", "multicard.numa_bind", policy, "cuda"]
+
+
+def test_the_installed_torchs_binding_modes_are_read_from_its_source(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.machinery
+    import importlib.metadata
+    import importlib.util
+
+    modes, why = launch.torchrun_binding_modes()  # torch 2.14 here
+    assert why is None and {"node", "socket", "exclusive"} <= modes
+
+    def fake_torch(binding: str | None, run: str) -> None:
+        root = tmp_path / str(len(list(tmp_path.iterdir()))) / "torch"
+        (root / "distributed").mkdir(parents=True, exist_ok=True)
+        (root / "distributed" / "run.py").write_text(run)
+        if binding is not None:
+            (root / "numa").mkdir(exist_ok=True)
+            (root / "numa" / "binding.py").write_text(binding)
+        found = importlib.machinery.ModuleSpec("torch", None, is_package=True)
+        found.submodule_search_locations = [str(root)]
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name: found)
+        monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.99.0")
+
+    fake_torch("class AffinityMode(str, Enum):\n    NODE = 'node'\n    SOCKET = 'socket'\n",
+               "parser.add_argument('--numa-binding')")
+    assert launch.torchrun_binding_modes() == (frozenset({"node", "socket"}), None)
+    fake_torch(None, "no such flag")  # NGC 24.11's torch 2.6: neither the module nor the flag
+    assert launch.torchrun_binding_modes() == (frozenset(), "the installed torch 2.99.0 has no torchrun "
+                                               "--numa-binding")

@@ -84,3 +84,19 @@ def test_effects_ratio_and_direction() -> None:
     assert (row["numa_policy"], row["versus"], row["ratio"]) == ("local", "none", 2.0)
     assert (row["ci_lo"], row["ci_hi"]) == pytest.approx((2.0, 2.0))
     assert row["ci"] == "above"
+
+
+def test_torchrun_binding_is_compared_with_none_and_with_numactl_local() -> None:
+    # the DataLoader at 1 and 4 GPUs: torchrun's node binding as fast as numactl local, both
+    # faster than none; its socket binding no different from none and slower than local
+    times = {("torch", "none", g): [10.0, 10.2, 9.8] for g in (1, 4)} | {
+        ("torch", "local", g): [8.0, 8.1, 7.9] for g in (1, 4)} | {
+        ("torch", "torchrun_node", g): [8.0, 7.9, 8.1] for g in (1, 4)} | {
+        ("torch", "torchrun_socket", g): [10.1, 9.9, 10.0] for g in (1, 4)}
+    finding = summarize.numa_findings(SPEC, trials(times))[3]
+    assert finding.question == "numactl `local` vs torchrun's `--numa-binding` vs none?"
+    assert finding.answer == ("torchrun_node: faster than none, no different from local (every CI "
+                              "contains 1); torchrun_socket: no different from none (every CI "
+                              "contains 1), slower than local")
+    assert set(finding.evidence["versus"]) == {"none", "local"} and len(finding.evidence) == 8
+    assert summarize.numa_findings(SPEC, trials(BASE))[3].answer == "not run"  # skipped everywhere

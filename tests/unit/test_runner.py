@@ -162,6 +162,30 @@ def test_unrunnable_configs_name_their_reason() -> None:
         "NumactlNotInstalled", "numa_policy = 'local' needs numactl on PATH")
 
 
+def test_torchrun_binding_is_skipped_where_it_cannot_bind(monkeypatch: pytest.MonkeyPatch) -> None:
+    from multicard import kinds, launch, numa
+
+    one_node = numa.Topology(nodes=[numa.Node(0, [0, 1], 16000)])
+    cuda = {"gpus": 2, "device": "cuda", "loader": "torch", "numa_policy": "torchrun_node",
+            "precision": "fp32"}
+    node = kinds.Machine(gpus(2), one_node, numactl=True)
+    assert kinds.vision_unrunnable(cuda, "none", node) is None
+    assert kinds.vision_unrunnable({**cuda, "device": "cpu"}, "none", kinds.Machine([], one_node, True)) == (
+        "TorchrunBindingNeedsGpu", "numa_policy = 'torchrun_node': torchrun binds each worker near its "
+        "accelerator, and a CPU run has none")
+    assert kinds.vision_unrunnable(cuda, "none", kinds.Machine(gpus(2), one_node, False)) == (
+        "NumactlNotInstalled", "numa_policy = 'torchrun_node': torchrun's binding runs numactl")
+    monkeypatch.setattr(launch, "torchrun_binding_modes", lambda: (frozenset({"node", "socket"}), None))
+    assert kinds.vision_unrunnable({**cuda, "numa_policy": "torchrun_exclusive"}, "none", node) == (
+        "TorchrunBindingNotAvailable", "numa_policy = 'torchrun_exclusive': this torch's --numa-binding "
+        "offers node, socket, not exclusive")
+    monkeypatch.setattr(launch, "torchrun_binding_modes",
+                        lambda: (frozenset(), "the installed torch 2.6.0 has no torchrun --numa-binding"))
+    assert kinds.vision_unrunnable(cuda, "none", node) == (
+        "TorchrunBindingNotAvailable",
+        "numa_policy = 'torchrun_node': the installed torch 2.6.0 has no torchrun --numa-binding")
+
+
 def test_bf16_on_gpus_without_bf16_is_skipped_with_the_reason() -> None:
     from multicard import kinds, numa
 
