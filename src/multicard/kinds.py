@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multicard import artifact, devices, launch, numa
+from multicard import artifact, counters, devices, launch, numa
 from multicard import spec as specmod
 from multicard.data import llm as llm_assets
 from multicard.data import mnist, scenario_b
@@ -98,6 +98,20 @@ def read_result(trial_dir: Path, settings: Settings) -> dict[str, Any] | None:
     return result if isinstance(result, dict) and isinstance(result.get("metrics"), dict) else None
 
 
+def vision_result(trial_dir: Path, settings: Settings) -> dict[str, Any] | None:
+    """The ranks' result.json, with the DRAM counters perf wrote after the ranks ended."""
+    result = read_result(trial_dir, settings)
+    if result is None:
+        return None
+    if settings.get("numa_counters"):
+        found, why = counters.trial_metrics(trial_dir / counters.DIRECTORY, int(result["world_size"]))
+    else:
+        found, why = dict.fromkeys(counters.METRICS), dict.fromkeys(counters.METRICS, "numa_counters is off")
+    result["metrics"] |= found
+    result["unmeasured"] = {**result.get("unmeasured", {}), **why}
+    return result
+
+
 # --- vision ----------------------------------------------------------------------------------
 
 def vision_prepare(spec: Spec, data_dir: Path, echo: Callable[[str], None]) -> dict[str, Any]:
@@ -164,7 +178,9 @@ def torchrun_binding_unrunnable(policy: str, device: str, machine: Machine) -> R
 def vision_command(settings: Settings, trial_dir: Path, data_dir: Path,
                    how: TrialLaunch) -> tuple[list[str], dict[str, str]]:
     profiler = nsys.wrapper(nsys.find_nsys() or "nsys", trial_dir) if how.trace == "nsys" else []
-    wrapper = launch.rank_wrapper(str(settings["numa_policy"]), str(settings["device"]), profiler)
+    counted = launch.counters_wrapper(trial_dir / counters.DIRECTORY) if settings["numa_counters"] else []
+    wrapper = launch.rank_wrapper(str(settings["numa_policy"]), str(settings["device"]),
+                                  [*counted, *profiler])
     return launch.vision_argv(settings, trial_dir, data_dir, how.trace, wrapper, how.rdzv), {}
 
 
@@ -247,7 +263,7 @@ def llm_result(trial_dir: Path, settings: Settings) -> dict[str, Any] | None:
 
 
 KINDS: dict[str, Kind] = {
-    "vision": Kind(vision_prepare, vision_unrunnable, vision_command, vision_page_cache, read_result,
+    "vision": Kind(vision_prepare, vision_unrunnable, vision_command, vision_page_cache, vision_result,
                    sample_memory=False),
     "llm": Kind(llm_prepare, llm_unrunnable, llm_command, lambda settings, data_dir: None,
                 llm_result, sample_memory=True),

@@ -250,6 +250,11 @@ def rank_wrapper(numa_policy: str, device: str, inner: Sequence[str] = ()) -> li
     return [*numa, *inner]
 
 
+def counters_wrapper(perf_dir: Path) -> list[str]:
+    """perf stat's far/near DRAM counts around a rank (multicard.counters), inside its binding."""
+    return [sys.executable, "-m", "multicard.counters", str(perf_dir), "--"]
+
+
 def torchrun_binding_modes() -> tuple[frozenset[str], str | None]:
     """The `--numa-binding` modes of the installed torch's torchrun, read from its source
     (torch/numa/binding.py's AffinityMode) so that nothing here imports torch; none and why

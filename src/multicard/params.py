@@ -109,6 +109,8 @@ VISION: dict[str, Param] = {
                                   "torchrun_socket", "torchrun_exclusive")),
     "numa_evidence": Param(bool, False, "record numa_maps and CPU lists of every rank and worker "
                            "mid-epoch (placement metrics)"),
+    "numa_counters": Param(bool, False, "count far and near DRAM traffic of every rank and its "
+                           "workers with perf stat, where perf and the CPU offer it (counters.py)"),
     "page_cache": Param(str, "as_is", "Scenario B files before each trial: as_is, warm (read "
                         "once) or cold (evicted, no root needed)", choices=("as_is", "warm", "cold")),
     "cudnn_benchmark": Param(bool, False, "torch.backends.cudnn.benchmark (default: false)"),
@@ -209,6 +211,10 @@ VISION_METRICS: tuple[str, ...] = (
     "train_loss",
     "local_page_fraction",
     "cpus_on_gpu_node_fraction",
+    # perf stat around every rank (multicard.counters), the whole launch of the rank
+    "far_dram_count",
+    "near_dram_count",
+    "far_dram_fraction",
     # energy over the timed epochs (multicard.energy) and what the CPU did (multicard.resources)
     "energy_j",
     "energy_per_sample_j",

@@ -56,3 +56,25 @@ def test_torchrun_policies_are_recorded_as_skipped_on_a_cpu_run_with_the_reason(
     for record in store.read(tmp_path / "run" / "trials.jsonl"):
         assert record["status"] == "skipped" and record["error"]["type"] == "TorchrunBindingNeedsGpu"
         assert "a CPU run has none" in record["error"]["message"]
+
+
+def test_a_trial_with_counters_runs_and_says_why_this_machine_counted_nothing(tmp_path: Path) -> None:
+    from multicard import counters
+
+    events, why = counters.usable_events()
+    if events is not None:
+        pytest.skip("this machine's CPU offers the counters")
+    fixed = {"device": "cpu", "image_size": 32, "epochs": 1, "max_steps": 2, "batch_size": 16,
+             "num_workers": 0, "warmup_steps": 0, "train_subset": 64, "test_subset": 32, "gpus": 2,
+             "numa_counters": True}
+    path = write_spec(tmp_path, fixed=fixed, grid={"numa_policy": ["local"]})
+    outcome = runner.run(spec.load(path), tmp_path / "run", data_dir=DATA, echo=lambda _: None)
+    assert outcome.ok == 1
+    [record] = store.read(tmp_path / "run" / "trials.jsonl")
+    launch = json.loads((tmp_path / "run" / record["artifacts"][0]).read_text())
+    # inside the rank's binding: numactl's binder, then the counters' wrapper, then the rank
+    argv = launch["argv"]
+    assert argv.index("multicard.numa_bind") < argv.index("multicard.counters") < argv.index(
+        "multicard.workloads.vision")
+    for metric in counters.METRICS:
+        assert record["metrics"][metric] is None and record["unmeasured"][metric] == f"rank 0: {why}"

@@ -66,7 +66,8 @@ MEASURED_ON_CPU = ("rank_cpu_s", "workers_cpu_s", "cpu_cores_mean", "rank_cores_
 NOT_MEASURED_ON_CPU = ("h2d_time_s", "gpu_util_mean", "nvml_process_mem_bytes", "energy_j",
                        "energy_per_sample_j", "mean_power_w", "stray_contexts",
                        "dali_threads_cpu_s", "dali_threads_cores_mean", "local_page_fraction",
-                       "cpus_on_gpu_node_fraction")
+                       "cpus_on_gpu_node_fraction", "far_dram_count", "near_dram_count",
+                       "far_dram_fraction")
 
 
 def test_every_metric_is_measured_or_null_with_a_reason(finished_run: Path) -> None:

@@ -1,0 +1,139 @@
+"""Far and near DRAM traffic of each rank, counted by `perf stat` around it (numa_counters).
+
+The NUMA hypothesis is about where memory is, so wall time alone cannot settle it: PyTorch
+validated its `--numa-binding` with AMD Zen's fill counters, far vs near. Per CPU vendor:
+- AMD Zen: `ls_dmnd_fills_from_sys.dram_io_far` / `..._near` (demand data-cache fills from DRAM
+  or I/O of another / the same NUMA node);
+- Intel (Skylake-SP and later): `mem_load_l3_miss_retired.remote_dram` / `..._local_dram`
+  (retired loads served by remote / local DRAM).
+`python -m multicard.counters PERF_DIR -- CMD...` runs in front of a rank: it first tries the
+events on `true` (perf refuses an event the CPU, the VM or the kernel does not offer without
+running anything, which would fail the trial), then replaces itself with
+`perf stat -x, -e FAR,NEAR -o PERF_DIR/rank<RANK>.csv -- CMD` (children counted too: the
+rank's DataLoader workers), or, where the counters are not available, writes the reason to
+PERF_DIR/rank<RANK>.json and runs CMD as it is. The runner reads both after the trial.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+EVENTS = {
+    "AuthenticAMD": ("ls_dmnd_fills_from_sys.dram_io_far", "ls_dmnd_fills_from_sys.dram_io_near"),
+    "GenuineIntel": ("mem_load_l3_miss_retired.remote_dram", "mem_load_l3_miss_retired.local_dram"),
+}
+DIRECTORY = "perf"  # in the trial directory
+METRICS = ("far_dram_count", "near_dram_count", "far_dram_fraction")
+NOT_COUNTED = ("<not supported>", "<not counted>")
+
+
+def vendor(cpuinfo: str) -> str | None:
+    """`vendor_id` of /proc/cpuinfo's first processor."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "vendor_id":
+            return value.strip()
+    return None
+
+
+def parse_perf_csv(text: str) -> dict[str, int | None]:
+    """`perf stat -x,` output -> {event: count}, None where perf says <not supported> or <not
+    counted> (a count perf scaled for multiplexing is kept as perf printed it)."""
+    counts: dict[str, int | None] = {}
+    for line in text.splitlines():
+        fields = line.split(",")
+        if line.startswith("#") or len(fields) < 3 or not fields[2]:
+            continue
+        value = fields[0].strip()
+        if value in NOT_COUNTED:
+            counts[fields[2]] = None
+            continue
+        try:
+            counts[fields[2]] = round(float(value))
+        except ValueError:
+            continue
+    return counts
+
+
+def rank_counts(counts: dict[str, int | None],
+                events: Sequence[str]) -> tuple[tuple[int, int] | None, str | None]:
+    """(far, near) of one rank, or None and why."""
+    for event in events:
+        if event not in counts:
+            return None, f"perf printed no count of {event}"
+        if counts[event] is None:
+            return None, f"{event}: <not supported> or <not counted> by this CPU, VM or kernel"
+    far, near = (counts[e] for e in events)
+    return (int(far or 0), int(near or 0)), None
+
+
+def trial_metrics(perf_dir: Path, ranks: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """far_dram_count and near_dram_count summed over the trial's ranks, far_dram_fraction;
+    all None with the first rank's reason where one rank has no counts."""
+    total_far = total_near = 0
+    for rank in range(ranks):
+        found, why = _rank_file(perf_dir, rank)
+        if found is None:
+            return dict.fromkeys(METRICS), dict.fromkeys(METRICS, f"rank {rank}: {why}")
+        total_far, total_near = total_far + found[0], total_near + found[1]
+    both = total_far + total_near
+    metrics = {"far_dram_count": total_far, "near_dram_count": total_near,
+               "far_dram_fraction": total_far / both if both else None}
+    return metrics, {} if both else {"far_dram_fraction": "no DRAM fill or load was counted"}
+
+
+def _rank_file(perf_dir: Path, rank: int) -> tuple[tuple[int, int] | None, str]:
+    csv, note = perf_dir / f"rank{rank}.csv", perf_dir / f"rank{rank}.json"
+    if note.exists():
+        return None, str(json.loads(note.read_text())["reason"])
+    if not csv.exists():
+        return None, "no perf output (the rank ended before perf wrote it)"
+    written = json.loads((perf_dir / f"rank{rank}.events.json").read_text())
+    found, why = rank_counts(parse_perf_csv(csv.read_text(errors="replace")), written)
+    return found, str(why)
+
+
+def usable_events() -> tuple[tuple[str, str] | None, str | None]:
+    """The far/near events of this CPU if perf can count them here, else None and why."""
+    if shutil.which("perf") is None:
+        return None, "perf is not installed"
+    try:
+        found = vendor(Path("/proc/cpuinfo").read_text())
+    except OSError as exc:
+        return None, f"/proc/cpuinfo: {exc.strerror}"
+    events = EVENTS.get(found or "")
+    if events is None:
+        return None, f"no far/near DRAM events known for CPU vendor {found!r}"
+    tried = subprocess.run(["perf", "stat", "-x", ",", "-e", ",".join(events), "--", "true"],
+                           capture_output=True, text=True, timeout=60, check=False)
+    if tried.returncode != 0:
+        first = next((line.strip() for line in tried.stderr.splitlines() if line.strip()), "")
+        return None, f"perf stat cannot count {', '.join(events)} here: {first}"
+    _, why = rank_counts(parse_perf_csv(tried.stderr), events)
+    return (events, None) if why is None else (None, why)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 3 or argv[1] != "--":
+        sys.exit("usage: python -m multicard.counters PERF_DIR -- CMD...")
+    out, command = Path(argv[0]), argv[2:]
+    rank = os.environ.get("RANK", "0")
+    out.mkdir(parents=True, exist_ok=True)
+    events, why = usable_events()
+    if events is None:
+        (out / f"rank{rank}.json").write_text(json.dumps({"reason": why}))
+        os.execvp(command[0], command)
+    (out / f"rank{rank}.events.json").write_text(json.dumps(list(events)))
+    os.execvp("perf", ["perf", "stat", "-x", ",", "-e", ",".join(events),
+                       "-o", str(out / f"rank{rank}.csv"), "--", *command])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,92 @@
+"""perf stat's far/near DRAM counts: parsing saved outputs, the per-trial sums, the wrapper."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from multicard import counters
+from tests.helpers import ROOT
+
+PERF = ROOT / "tests" / "fixtures" / "perf"
+AMD = counters.EVENTS["AuthenticAMD"]
+
+
+def test_the_cpu_vendor_is_read_from_cpuinfo() -> None:
+    assert counters.vendor("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n") == "AuthenticAMD"
+    assert counters.vendor("processor : 0\n") is None
+
+
+def test_saved_perf_outputs_parse_with_what_perf_could_not_count() -> None:
+    assert counters.parse_perf_csv((PERF / "amd_zen_fills.csv").read_text()) == {
+        AMD[0]: 412395113, AMD[1]: 1630017222}
+    intel = counters.parse_perf_csv((PERF / "intel_dram_multiplexed.csv").read_text())
+    assert intel == dict(zip(counters.EVENTS["GenuineIntel"], (2011234, 9876543), strict=True))
+    not_counted = counters.parse_perf_csv((PERF / "amd_not_counted.csv").read_text())
+    assert not_counted == {AMD[0]: None, AMD[1]: 15023}
+    # this VM: no PMU, so perf says <not supported> even for cycles
+    vm = counters.parse_perf_csv((PERF / "vm_not_supported.csv").read_text())
+    assert vm == {"cycles": None, "instructions": None, "task-clock": 1}
+
+
+def test_a_rank_without_one_of_its_counts_says_which() -> None:
+    assert counters.rank_counts({AMD[0]: 3, AMD[1]: 5}, AMD) == ((3, 5), None)
+    assert counters.rank_counts({AMD[0]: None, AMD[1]: 5}, AMD) == (
+        None, f"{AMD[0]}: <not supported> or <not counted> by this CPU, VM or kernel")
+    assert counters.rank_counts({AMD[1]: 5}, AMD) == (None, f"perf printed no count of {AMD[0]}")
+
+
+def perf_dir(tmp_path: Path, ranks: dict[int, str]) -> Path:
+    """rank -> a saved perf output (file name under fixtures/perf), or `reason:...`."""
+    tmp_path.mkdir()
+    for rank, what in ranks.items():
+        if what.startswith("reason:"):
+            (tmp_path / f"rank{rank}.json").write_text(json.dumps({"reason": what.removeprefix("reason:")}))
+            continue
+        shutil.copy(PERF / what, tmp_path / f"rank{rank}.csv")
+        (tmp_path / f"rank{rank}.events.json").write_text(json.dumps(list(AMD)))
+    return tmp_path
+
+
+def test_a_trial_sums_its_ranks_and_names_the_first_without_counts(tmp_path: Path) -> None:
+    both = perf_dir(tmp_path / "a", {0: "amd_zen_fills.csv", 1: "amd_zen_fills.csv"})
+    metrics, why = counters.trial_metrics(both, 2)
+    assert metrics == {"far_dram_count": 2 * 412395113, "near_dram_count": 2 * 1630017222,
+                       "far_dram_fraction": pytest.approx(412395113 / (412395113 + 1630017222))}
+    assert why == {}
+    part = perf_dir(tmp_path / "b", {0: "amd_zen_fills.csv", 1: "reason:perf is not installed"})
+    metrics, why = counters.trial_metrics(part, 2)
+    assert set(metrics.values()) == {None} and why["far_dram_fraction"] == "rank 1: perf is not installed"
+    metrics, why = counters.trial_metrics(part, 3)  # rank 2 never wrote anything
+    assert why["far_dram_count"] == "rank 1: perf is not installed"
+
+
+def test_perf_refusing_the_events_is_a_reason_not_a_failed_trial(monkeypatch: pytest.MonkeyPatch) -> None:
+    refused = (PERF / "vm_unknown_event.stderr").read_text()
+    counted = (PERF / "amd_zen_fills.csv").read_text()
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/perf")
+    monkeypatch.setattr(Path, "read_text", lambda self, **_: "vendor_id\t: AuthenticAMD\n")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 129, "", refused))
+    assert counters.usable_events() == (None, f"perf stat cannot count {', '.join(AMD)} here: event syntax "
+                                        "error: 'ls_dmnd_fills_from_sys.dram_io_far,ls_dmnd_fills_from_sy..'")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "", counted))
+    assert counters.usable_events() == (AMD, None)
+
+
+def test_the_wrapper_runs_the_rank_and_says_why_it_counted_nothing_here(tmp_path: Path) -> None:
+    events, why = counters.usable_events()
+    if events is not None:
+        pytest.skip("this machine's CPU offers the counters: nothing to explain")
+    if shutil.which("perf") is None:
+        assert why == "perf is not installed"
+    ran = subprocess.run([sys.executable, "-m", "multicard.counters", str(tmp_path), "--", sys.executable,
+                          "-c", "print('the rank ran')"], capture_output=True, text=True,
+                         env={**os.environ, "RANK": "3"}, check=True)
+    assert ran.stdout == "the rank ran\n"
+    assert json.loads((tmp_path / "rank3.json").read_text()) == {"reason": why}
