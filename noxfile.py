@@ -196,22 +196,28 @@ PAPER_RUNS = (
     ("numa_binding", "controls"), ("numa_binding", "dali_affinity"), ("table4_llm_methods", "paper"),
     ("table4_llm_methods", "traced"), ("table5_llm_pin_memory", "paper"),
 )
+# The rates the last kick-the-tires measured, read by every plan of reproduce and kick-the-tires
+CALIBRATION = RUNS / "calibration.json"
 # One GPU, about 30 minutes: C1-C3 (precision), C5 (pin_memory), the loaders vs the bound.
 KICK_RUNS = (("table2_precision", "kick"), ("table3_pin_memory", "kick"), ("figure6_loaders", "kick"))
 
 
-def _run_collection(session: nox.Session, runs: tuple[tuple[str, str], ...], name: str) -> None:
-    """Plan all (printing the cost), then run each into one collection, reporting after each so
-    that a stop half-way still leaves a report; `-- --dry-run` stops after the plan, `-- --out DIR`
-    resumes, other args (e.g. --trials 3) go to `multicard plan` and `multicard run`."""
+def _run_collection(session: nox.Session, runs: tuple[tuple[str, str], ...], name: str,
+                    save_calibration: bool = False) -> None:
+    """Plan all (printing the cost, from CALIBRATION's measured rates where it exists), then run
+    each into one collection, reporting after each so that a stop half-way still leaves a report;
+    `-- --dry-run` stops after the plan, `-- --out DIR` resumes, other args (e.g. --trials 3) go
+    to `multicard plan` and `multicard run`. `save_calibration`: at the end, the rates this
+    collection measured become CALIBRATION."""
     python = dev_python(session)
     args = list(session.posargs)
     dry_run = "--dry-run" in args
     args = [a for a in args if a != "--dry-run"]
     given, args = _take(args, "--out")
     out = Path(given) if given else RUNS / f"{name}-{stamp()}"
-    multicard(session, python, "plan", "--summary", *args,
-              *(f"{EXPERIMENTS / experiment}.toml@{profile}" for experiment, profile in runs))
+    specs = [f"{EXPERIMENTS / experiment}.toml@{profile}" for experiment, profile in runs]
+    measured = ["--calibrate", str(CALIBRATION)] if CALIBRATION.exists() else []
+    multicard(session, python, "plan", "--summary", *args, *measured, *specs)
     if dry_run:
         session.log("--dry-run: nothing started")
         return
@@ -222,6 +228,9 @@ def _run_collection(session: nox.Session, runs: tuple[tuple[str, str], ...], nam
         multicard(session, python, "report", str(out))
     multicard(session, python, "verify", str(out))
     session.log(f"{name}: {out}/REPORT.md")
+    if save_calibration:  # a later `reproduce -- --dry-run` prints a measured plan
+        multicard(session, python, "plan", "--summary", *specs, "--calibrate", str(out),
+                  "--save-calibration", str(CALIBRATION))
 
 
 @nox.session(python=False)
@@ -235,7 +244,7 @@ def reproduce(session: nox.Session) -> None:
 def kick_the_tires(session: nox.Session) -> None:
     """About 30 minutes on one GPU: Table 2 (FP64/FP32/FP16), Table 3 and Figure 6 at 1 GPU with
     3 trials each, into artifact/runs/kick-<UTC>/ with REPORT.md and its claims table."""
-    _run_collection(session, KICK_RUNS, "kick")
+    _run_collection(session, KICK_RUNS, "kick", save_calibration=True)
 
 
 @nox.session(python=False)

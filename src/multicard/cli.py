@@ -40,16 +40,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     specs = [spec.with_trials(spec.load(path, profile or args.profile, dict(args.set)), args.trials)
              for path, profile in args.spec]
     plans = [spec.plan(s, None, args.trace) for s in specs]
+    rates = _calibration(args.calibrate, args.save_calibration)
     if args.json:
+        from multicard import calibrate
+
         print(json.dumps([{"config_id": p.config_id, "config": p.config, "trial": p.trial}
                           | ({"trace": p.trace} if p.trace != "none" else {})
                           | ({"experiment": s.name, "profile": s.profile} if len(specs) > 1 else {})
+                          | _estimate_json(calibrate.estimate(s.workload, p.params, rates))
                           for s, planned in zip(specs, plans, strict=True) for p in planned],
                          indent=1))
         return 0
     wall = device_hours = 0.0
     for s, planned in zip(specs, plans, strict=True):
-        seconds, hours = _print_plan(s, planned, table=len(specs) == 1 and not args.summary)
+        seconds, hours = _print_plan(s, planned, table=len(specs) == 1 and not args.summary, rates=rates)
         wall, device_hours = wall + seconds, device_hours + hours
     if len(specs) > 1:
         from multicard.runner import format_duration
@@ -59,17 +63,46 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool) -> tuple[float, float]:
+def _calibration(paths: list[Path], save: Path | None) -> dict[str, Any]:
+    """Rates fitted from the runs (or calibration files) given, saved where asked."""
+    from multicard import calibrate
+    from multicard.report.runs import discover_runs, load_run
+    from multicard.spec import configs
+
+    rates: dict[str, Any] = {}
+    for path in paths:
+        if path.is_file():
+            rates |= calibrate.load(path)
+            continue
+        for run in (load_run(d) for d in discover_runs(path)):
+            # by the config's factors, not its id: an id also covers settings added since the run
+            settings = {json.dumps(factors, sort_keys=True): values
+                        for _, factors, values in configs(run.spec)}
+            trials = [(settings[key], r) for r in run.records
+                      if (key := json.dumps(r.get("config"), sort_keys=True)) in settings]
+            for key, rate in calibrate.fit(run.spec.workload, [(str(run.path), trials)]).items():
+                if key not in rates or rate.trials > rates[key].trials:
+                    rates[key] = rate
+    if save is not None:
+        calibrate.save(rates, save)
+        print(f"calibration: {len(rates)} rate(s) saved to {save}")
+    return rates
+
+
+def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool,
+                rates: dict[str, Any] | None = None) -> tuple[float, float]:
     """Print one spec's plan (its trial table when `table`); return (wall s, device-hours)."""
     from tabulate import tabulate
 
-    from multicard import cost, runner, spec
+    from multicard import calibrate, cost, runner, spec
 
-    seconds = [cost.trial_seconds(s.workload, p.params) for p in planned]
+    estimates = [calibrate.estimate(s.workload, p.params, rates or {}) for p in planned]
+    seconds = [e.seconds for e in estimates]
     if table:
-        rows = [[p.order, p.config_id, *p.config.values(), p.trial, p.trace, runner.format_duration(sec)]
-                for p, sec in zip(planned, seconds, strict=True)]
-        print(tabulate(rows, headers=["order", "config_id", *s.grid, "trial", "trace", "estimate"],
+        rows = [[p.order, p.config_id, *p.config.values(), p.trial, p.trace,
+                 runner.format_duration(e.seconds), e.how if e.source is None else f"{e.how} ({e.source})"]
+                for p, e in zip(planned, estimates, strict=True)]
+        print(tabulate(rows, headers=["order", "config_id", *s.grid, "trial", "trace", "estimate", "from"],
                        tablefmt="plain") + "\n")
     device_hours = sum(cost.device_seconds(sec, p.params)
                        for p, sec in zip(planned, seconds, strict=True)) / 3600
@@ -86,8 +119,21 @@ def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool) -> tuple[floa
           f"configs = {len(planned)} trials"
           f"{' (traced ones included)' if any(p.trace != 'none' for p in planned) else ''}; estimated "
           f"{runner.format_duration(sum(seconds))} wall, {device_hours:.2f} {unit}. "
-          "Cost model: multicard/cost.py (CUDA rates are estimates).")
+          + _provenance(estimates))
     return sum(seconds), device_hours
+
+
+def _estimate_json(found: Any) -> dict[str, Any]:
+    return {"estimate_s": round(found.seconds, 1), "estimate": found.how,
+            **({"estimate_from": found.source} if found.source else {})}
+
+
+def _provenance(estimates: list[Any]) -> str:
+    measured = sum(e.how == "measured" for e in estimates)
+    if not measured:
+        return "Cost model: multicard/cost.py, guessed (CUDA rates are estimates)."
+    return (f"{measured} of {len(estimates)} trial estimates measured (plan --calibrate), "
+            f"{len(estimates) - measured} guessed (multicard/cost.py).")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -301,6 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_args(p, several=True)
     p.add_argument("--json", action="store_true", help="[{config_id, config, trial}, ...]")
     p.add_argument("--summary", action="store_true", help="one line per SPEC, no trial table")
+    p.add_argument("--calibrate", type=Path, nargs="+", default=[], metavar="RUN",
+                   help="estimate from rates measured in these finished runs (directories) or "
+                        "calibration files; each estimate says measured or guessed")
+    p.add_argument("--save-calibration", type=Path, metavar="FILE",
+                   help="write the rates --calibrate fitted to FILE (for a later --calibrate FILE)")
 
     p = add("run", cmd_run, "run (or resume) an experiment")
     _spec_args(p)

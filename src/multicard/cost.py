@@ -29,6 +29,15 @@ EPOCH_PAUSE_S = {"cpu": 0.5, "cuda": 1.0}
 LAUNCH_S = {"cpu": 6.0, "cuda": 25.0}  # cpu: measured by benchmarks/harness_overhead.py
 
 
+def vision_images(settings: Mapping[str, Value]) -> float:
+    """Images a vision trial trains on (or loads) in its timed epochs, over all ranks."""
+    ranks = int(settings["gpus"]) * int(settings["nnodes"])
+    train_n = int(settings["train_subset"]) or MNIST_TRAIN
+    per_epoch = train_n if not int(settings["max_steps"]) else \
+        min(train_n, int(settings["max_steps"]) * int(settings["batch_size"]) * ranks)
+    return int(settings["epochs"]) * per_epoch
+
+
 def vision_trial_seconds(settings: Mapping[str, Value]) -> float:
     device = str(settings["device"])
     ranks = int(settings["gpus"]) * int(settings["nnodes"])

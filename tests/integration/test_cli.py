@@ -24,7 +24,8 @@ def test_plan_json_lists_every_trial_in_order() -> None:
     assert result.returncode == 0
     plan = json.loads(result.stdout)
     assert len(plan) == 20
-    assert set(plan[0]) == {"config_id", "config", "trial"}
+    assert set(plan[0]) == {"config_id", "config", "trial", "estimate_s", "estimate"}
+    assert {p["estimate"] for p in plan} == {"guessed"} and all(p["estimate_s"] > 0 for p in plan)
     assert [p["trial"] for p in plan] == [0] * 10 + [1] * 10
 
 
