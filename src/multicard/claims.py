@@ -305,6 +305,17 @@ def _matches(settings: Mapping[str, Any], selector: Mapping[str, Any]) -> bool:
     return all(settings.get(k) in _levels(v) for k, v in selector.items())
 
 
+def reads(claim: Claim, experiment: str, config: Mapping[str, Any]) -> bool:
+    """Whether `claim` (or one of its parts) reads this config of `experiment`: one of its arms
+    matches it, or it reads every config (a claim without arms, e.g. the NUMA verdict)."""
+    if claim.parts:
+        return any(reads(part, experiment, config) for part in claim.parts)
+    if claim.experiment != experiment:
+        return False
+    arms = [a for a in (claim.compare, claim.against) if a]
+    return not arms or any(_matches(config, {**arm, **claim.where}) for arm in arms)
+
+
 def _verdict(claim: Claim, groups: list[Evidence], notes: list[str]) -> Verdict:
     groups = _best_per_label(groups)
     decisions = ["inconclusive" if g.decision == "too few" else g.decision for g in groups]

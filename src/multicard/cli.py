@@ -51,6 +51,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           for s, planned in zip(specs, plans, strict=True) for p in planned],
                          indent=1))
         return 0
+    if args.budget is not None:
+        traced = [sum(p.trace != "none" for p in planned) // max(1, len(spec.configs(s)))
+                  for s, planned in zip(specs, plans, strict=True)]
+        return _print_budget(specs, traced, [path for path, _ in args.spec], rates, args.budget)
     wall = device_hours = 0.0
     for s, planned in zip(specs, plans, strict=True):
         seconds, hours = _print_plan(s, planned, table=len(specs) == 1 and not args.summary, rates=rates)
@@ -121,6 +125,44 @@ def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool,
           f"{runner.format_duration(sum(seconds))} wall, {device_hours:.2f} {unit}. "
           + _provenance(estimates))
     return sum(seconds), device_hours
+
+
+def _print_budget(specs: list[Spec], traced: list[int], paths: list[Path], rates: dict[str, Any],
+                  text: str) -> int:
+    """Fit the specs into the budget and say what each experiment and claim gave up; 1 when no
+    plan fits."""
+    from multicard import budget, calibrate, claims
+    from multicard.runner import format_duration
+
+    seconds = budget.parse_duration(text)
+    found = [p.parent / name for p in paths[:1] for name in (claims.FILE_NAME, claims.QUESTIONS_FILE)]
+    claim_list = [c for path in found if path.is_file() for c in claims.load(path)]
+    experiments = [budget.experiment_of(s, claim_list, n) for s, n in zip(specs, traced, strict=True)]
+
+    def estimate(workload: str, settings: Any) -> float:
+        return calibrate.estimate(workload, settings, rates).seconds
+
+    chosen = budget.fit(experiments, seconds, estimate)
+    full = budget.fit(experiments, float("inf"), estimate)
+    if not chosen.fits:
+        print(f"budget {format_duration(seconds)}: no plan fits; the least plan (every lever at its "
+              f"floor) takes {format_duration(chosen.seconds)} of the {format_duration(full.seconds)} "
+              "planned")
+        return 1
+    print(f"budget {format_duration(seconds)}: fits in {format_duration(chosen.seconds)} of the "
+          f"{format_duration(full.seconds)} planned")
+    lost = {c.experiment.name: budget.given_up(c) for c in chosen.choices}
+    for choice in chosen.choices:
+        e = choice.experiment
+        print(f"  {e.name}: {choice.trials} trial(s) x {len(choice.configs)} configs"
+              f"{f', {choice.epochs} epochs' if choice.epochs is not None else ''}, "
+              f"{format_duration(choice.seconds(estimate))}: {'; '.join(lost[e.name]) or 'nothing given up'}")
+    for claim in claim_list:
+        where = [c.experiment.name for c in chosen.choices if claim.id in c.experiment.claims]
+        gone = [f"{name}: {'; '.join(lost[name])}" for name in where if lost[name]]
+        print(f"  {claim.id}: {' | '.join(gone) if gone else 'nothing given up'}"
+              f"{'' if where else ' (no experiment of this plan reads it)'}")
+    return 0
 
 
 def _estimate_json(found: Any) -> dict[str, Any]:
@@ -350,6 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibrate", type=Path, nargs="+", default=[], metavar="RUN",
                    help="estimate from rates measured in these finished runs (directories) or "
                         "calibration files; each estimate says measured or guessed")
+    p.add_argument("--budget", metavar="DURATION",
+                   help="fit the plan into DURATION (24h, 1h30m, 2d): fewer configs no claim reads, "
+                        "then fewer trials (never below the verdict minimum), then fewer epochs "
+                        "(never below what the claims need); says what each claim gives up")
     p.add_argument("--save-calibration", type=Path, metavar="FILE",
                    help="write the rates --calibrate fitted to FILE (for a later --calibrate FILE)")
 

@@ -1,0 +1,165 @@
+"""Fit a collection of experiments into a time budget, giving up as little of each claim as it can.
+
+Levers, in the order they are pulled (each only as far as the budget needs):
+1. configs no claim reads (no claim's arms or parts match them) are dropped;
+2. trials per config go down, all experiments one step at a time, never below the verdict minimum
+   (`[trials].min_ok`: fewer ok trials and no verdict could use them);
+3. epochs go down (halved each step), never below what the claims need: an experiment with an
+   accuracy claim keeps its epochs (the paper's 20: accuracy is the claim), any other keeps at
+   least MIN_EPOCHS (a pause before a later epoch needs one). LLM trials keep their steps.
+If every lever at its floor still does not fit, no plan fits, and the least plan is said.
+Pure: the estimates come in as a function; the CLI prints.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from multicard.errors import InputError
+
+MIN_EPOCHS = 2
+ACCURACY_METRICS = frozenset({"test_accuracy"})
+Settings = Mapping[str, Any]
+Seconds = Callable[[str, Settings], float]  # (workload, settings) -> one trial's estimate
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One spec of the collection, as the budget sees it."""
+
+    name: str  # experiment@profile
+    experiment: str
+    workload: str
+    trials: int
+    min_ok: int
+    configs: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...]  # (id, factors, settings)
+    claimed: frozenset[str]  # config ids some claim reads
+    epoch_floor: int | None  # None: its epochs are not a lever (LLM, or fixed by the claims)
+    claims: tuple[str, ...] = ()  # the ids of the claims that read it
+    traced: int = 0  # profiled trials per config, on top of `trials` (never a lever)
+
+
+@dataclass(frozen=True)
+class Choice:
+    experiment: Experiment
+    trials: int
+    epochs: int | None  # None: unchanged
+    configs: tuple[str, ...]  # the config ids kept
+
+    def seconds(self, estimate: Seconds) -> float:
+        per_config = self.trials + self.experiment.traced
+        return per_config * sum(estimate(self.experiment.workload, self._settings(s))
+                                for cid, _, s in self.experiment.configs if cid in self.configs)
+
+    def _settings(self, settings: dict[str, Any]) -> dict[str, Any]:
+        return settings if self.epochs is None else {**settings, "epochs": self.epochs}
+
+
+@dataclass(frozen=True)
+class Budgeted:
+    fits: bool
+    choices: tuple[Choice, ...]
+    seconds: float  # of the choices (the least plan where nothing fits)
+
+
+def parse_duration(text: str) -> float:
+    """`24h`, `1h30m`, `90m`, `2d`, `3600s` or `3600` -> seconds; InputError otherwise."""
+    parts = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)d)?\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?"
+                         r"\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
+    if not text.strip() or parts is None or not any(parts.groups()):
+        raise InputError(f"--budget: expected a duration such as 24h, 1h30m, 90m or 2d, got {text!r}")
+    days, hours, minutes, seconds = (float(g) if g else 0.0 for g in parts.groups())
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total <= 0:
+        raise InputError(f"--budget: expected a positive duration, got {text!r}")
+    return total
+
+
+def epoch_floor(workload: str, epochs: int | None, metrics: Iterable[str]) -> int | None:
+    """How far an experiment's epochs may go down: not at all with an accuracy claim."""
+    if workload != "vision" or epochs is None:
+        return None
+    return epochs if ACCURACY_METRICS & set(metrics) else min(epochs, MIN_EPOCHS)
+
+
+def fit(experiments: list[Experiment], budget_s: float, estimate: Seconds) -> Budgeted:
+    """The plan that fits `budget_s` with the least given up, lever by lever."""
+    choices = [Choice(e, e.trials, None, tuple(cid for cid, _, _ in e.configs)) for e in experiments]
+
+    def total(current: list[Choice]) -> float:
+        return sum(c.seconds(estimate) for c in current)
+
+    if total(choices) <= budget_s:
+        return Budgeted(True, tuple(choices), total(choices))
+    choices = [replace(c, configs=tuple(cid for cid in c.configs if cid in c.experiment.claimed))
+               for c in choices]
+    for step in (_fewer_trials, _fewer_epochs):
+        while total(choices) > budget_s and (smaller := step(choices)) is not None:
+            choices = smaller
+        if total(choices) <= budget_s:
+            return Budgeted(True, tuple(choices), total(choices))
+    return Budgeted(False, tuple(choices), total(choices))
+
+
+def _fewer_trials(choices: list[Choice]) -> list[Choice] | None:
+    if all(c.trials <= c.experiment.min_ok for c in choices):
+        return None
+    return [replace(c, trials=max(c.experiment.min_ok, c.trials - 1)) for c in choices]
+
+
+def _fewer_epochs(choices: list[Choice]) -> list[Choice] | None:
+    def epochs(c: Choice) -> int | None:
+        return c.epochs if c.epochs is not None else _fixed_epochs(c.experiment)
+
+    if all(c.experiment.epoch_floor is None or epochs(c) is None
+           or epochs(c) <= c.experiment.epoch_floor for c in choices):
+        return None
+    return [c if c.experiment.epoch_floor is None or epochs(c) is None
+            else replace(c, epochs=max(c.experiment.epoch_floor, int(epochs(c) or 0) // 2))
+            for c in choices]
+
+
+def _fixed_epochs(experiment: Experiment) -> int | None:
+    found = {s.get("epochs") for _, _, s in experiment.configs}
+    return int(next(iter(found))) if len(found) == 1 and None not in found else None
+
+
+def experiment_of(spec: Any, claim_list: Iterable[Any], traced: int = 0) -> Experiment:
+    """A loaded spec (multicard.spec.Spec) and the claims that may read it, as the budget sees it
+    (a loader_only run: none, the report keeps it out of every claim)."""
+    from multicard import claims as claimsmod
+    from multicard import spec as specmod
+    from multicard.summarize import is_loader_only
+
+    configs = tuple(specmod.configs(spec))
+    mine = [] if is_loader_only(spec) else [
+        c for c in claim_list if any(claimsmod.reads(c, spec.name, s) for _, _, s in configs)]
+    claimed = frozenset(cid for cid, _, s in configs
+                        if any(claimsmod.reads(c, spec.name, s) for c in mine))
+    metrics = {m for c in mine for m in _metrics(c)}
+    epochs = {s.get("epochs") for _, _, s in configs}
+    fixed = int(next(iter(epochs))) if len(epochs) == 1 and None not in epochs else None
+    return Experiment(f"{spec.name}@{spec.profile}", spec.name, spec.workload, spec.trials, spec.min_ok,
+                      configs, claimed, epoch_floor(spec.workload, fixed, metrics), tuple(c.id for c in mine),
+                      traced)
+
+
+def _metrics(claim: Any) -> set[str]:
+    return {claim.metric, *(m for part in claim.parts for m in _metrics(part))}
+
+
+def given_up(choice: Choice) -> list[str]:
+    """What this experiment's choice gave up, in words (empty: nothing)."""
+    e, lost = choice.experiment, []
+    if len(choice.configs) < len(e.configs):
+        lost.append(f"{len(e.configs) - len(choice.configs)} of {len(e.configs)} configs that no claim "
+                    "reads dropped")
+    if choice.trials < e.trials:
+        lost.append(f"trials per config {e.trials} -> {choice.trials} (verdict minimum {e.min_ok}): "
+                    "wider intervals")
+    if choice.epochs is not None and choice.epochs != _fixed_epochs(e):
+        lost.append(f"epochs {_fixed_epochs(e)} -> {choice.epochs}")
+    return lost
