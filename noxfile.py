@@ -8,6 +8,7 @@ sessions share one venv, `.nox/dev`, built with the dev pins of pyproject.toml (
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -198,6 +199,7 @@ PAPER_RUNS = (
 )
 # The rates the last kick-the-tires measured, read by every plan of reproduce and kick-the-tires
 CALIBRATION = RUNS / "calibration.json"
+BUDGET_PLAN = "budget.json"  # in a collection run with --budget D: what each run kept and gave up
 # One GPU, about 30 minutes: C1-C3 (precision), C5 (pin_memory), the loaders vs the bound.
 KICK_RUNS = (("table2_precision", "kick"), ("table3_pin_memory", "kick"), ("figure6_loaders", "kick"))
 
@@ -214,17 +216,21 @@ def _run_collection(session: nox.Session, runs: tuple[tuple[str, str], ...], nam
     dry_run = "--dry-run" in args
     args = [a for a in args if a != "--dry-run"]
     given, args = _take(args, "--out")
+    duration, args = _take(args, "--budget")
     out = Path(given) if given else RUNS / f"{name}-{stamp()}"
     specs = [f"{EXPERIMENTS / experiment}.toml@{profile}" for experiment, profile in runs]
     measured = ["--calibrate", str(CALIBRATION)] if CALIBRATION.exists() else []
-    multicard(session, python, "plan", "--summary", *args, *measured, *specs)
+    budgeted = [] if duration is None else _budget_plan(session, python, out, duration, dry_run,
+                                                         [*args, *measured, *specs])
+    if duration is None:
+        multicard(session, python, "plan", "--summary", *args, *measured, *specs)
     if dry_run:
         session.log("--dry-run: nothing started")
         return
     for experiment, profile in runs:
         run_dir = out / (experiment if profile == "paper" else f"{experiment}-{profile}")
         multicard(session, python, "run", str(EXPERIMENTS / f"{experiment}.toml"), "--profile", profile,
-                  *args, "--out", str(run_dir))
+                  *args, *budgeted, "--out", str(run_dir))
         multicard(session, python, "report", str(out))
     multicard(session, python, "verify", str(out))
     session.log(f"{name}: {out}/REPORT.md")
@@ -233,10 +239,31 @@ def _run_collection(session: nox.Session, runs: tuple[tuple[str, str], ...], nam
                   "--save-calibration", str(CALIBRATION))
 
 
+def _budget_plan(session: nox.Session, python: str, out: Path, duration: str, dry_run: bool,
+                 plan_args: list[str]) -> list[str]:
+    """`--budget D`: fit the collection into D (the session fails when no plan fits) and save the
+    choice as OUT/budget.json for every run; a resumed collection keeps the plan it started with."""
+    plan_file = out / BUDGET_PLAN
+    if plan_file.is_file():
+        started = json.loads(plan_file.read_text(encoding="utf-8")).get("duration")
+        if started != duration:
+            session.error(f"{plan_file}: this collection was planned for --budget {started}, not {duration}")
+        session.log(f"--budget {duration}: resuming with the plan in {plan_file}")
+        return ["--budget-plan", str(plan_file)]
+    if dry_run:
+        multicard(session, python, "plan", "--summary", "--budget", duration, *plan_args)
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    multicard(session, python, "plan", "--summary", "--budget", duration, "--save-budget", str(plan_file),
+              *plan_args)
+    return ["--budget-plan", str(plan_file)]
+
+
 @nox.session(python=False)
 def reproduce(session: nox.Session) -> None:
     """Every paper experiment in order (plan and cost first; `-- --dry-run` stops there) into
-    artifact/runs/reproduce-<UTC>/, one REPORT.md with the claims table; `-- --out DIR` resumes."""
+    artifact/runs/reproduce-<UTC>/, one REPORT.md with the claims table; `-- --out DIR` resumes;
+    `-- --budget 24h` first fits the plan into 24 hours (trials, epochs, configs no claim reads)."""
     _run_collection(session, PAPER_RUNS, "reproduce")
 
 

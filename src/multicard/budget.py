@@ -4,20 +4,26 @@ Levers, in the order they are pulled (each only as far as the budget needs):
 1. configs no claim reads (no claim's arms or parts match them) are dropped;
 2. trials per config go down, all experiments one step at a time, never below the verdict minimum
    (`[trials].min_ok`: fewer ok trials and no verdict could use them);
-3. epochs go down (halved each step), never below what the claims need: an experiment with an
-   accuracy claim keeps its epochs (the paper's 20: accuracy is the claim), any other keeps at
-   least MIN_EPOCHS (a pause before a later epoch needs one). LLM trials keep their steps.
+3. epochs go down (halved each step, the costliest experiment first), never below what the
+   claims need: an experiment with an accuracy claim keeps its epochs (the paper's 20: accuracy
+   is the claim), any other keeps at least MIN_EPOCHS (a pause before a later epoch needs one).
+   LLM trials keep their steps.
 If every lever at its floor still does not fit, no plan fits, and the least plan is said.
-Pure: the estimates come in as a function; the CLI prints.
+Fitting is pure: the estimates come in as a function; the CLI prints. A plan that fits is saved
+(`plan --save-budget FILE`) and applied run by run (`run --budget-plan FILE`): the run's
+spec.toml then says, in its `[budget]` table, what it kept and gave up.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
+from multicard.artifact import write_text_atomic
 from multicard.errors import InputError
 
 MIN_EPOCHS = 2
@@ -97,29 +103,33 @@ def fit(experiments: list[Experiment], budget_s: float, estimate: Seconds) -> Bu
     choices = [replace(c, configs=tuple(cid for cid in c.configs if cid in c.experiment.claimed))
                for c in choices]
     for step in (_fewer_trials, _fewer_epochs):
-        while total(choices) > budget_s and (smaller := step(choices)) is not None:
+        while total(choices) > budget_s and (smaller := step(choices, estimate)) is not None:
             choices = smaller
         if total(choices) <= budget_s:
             return Budgeted(True, tuple(choices), total(choices))
     return Budgeted(False, tuple(choices), total(choices))
 
 
-def _fewer_trials(choices: list[Choice]) -> list[Choice] | None:
+def _fewer_trials(choices: list[Choice], estimate: Seconds) -> list[Choice] | None:
     if all(c.trials <= c.experiment.min_ok for c in choices):
         return None
     return [replace(c, trials=max(c.experiment.min_ok, c.trials - 1)) for c in choices]
 
 
-def _fewer_epochs(choices: list[Choice]) -> list[Choice] | None:
+def _fewer_epochs(choices: list[Choice], estimate: Seconds) -> list[Choice] | None:
+    """Halve the epochs of the costliest experiment still above its floor (one at a time: halving
+    every experiment at once would give up more than the budget needs)."""
     def epochs(c: Choice) -> int | None:
         return c.epochs if c.epochs is not None else _fixed_epochs(c.experiment)
 
-    if all(c.experiment.epoch_floor is None or epochs(c) is None
-           or epochs(c) <= c.experiment.epoch_floor for c in choices):
+    above = [i for i, c in enumerate(choices) if c.experiment.epoch_floor is not None
+             and (e := epochs(c)) is not None and e > c.experiment.epoch_floor]
+    if not above:
         return None
-    return [c if c.experiment.epoch_floor is None or epochs(c) is None
-            else replace(c, epochs=max(c.experiment.epoch_floor, int(epochs(c) or 0) // 2))
-            for c in choices]
+    costliest = max(above, key=lambda i: choices[i].seconds(estimate))
+    c = choices[costliest]
+    smaller = replace(c, epochs=max(int(c.experiment.epoch_floor or 0), int(epochs(c) or 0) // 2))
+    return [*choices[:costliest], smaller, *choices[costliest + 1:]]
 
 
 def _fixed_epochs(experiment: Experiment) -> int | None:
@@ -137,8 +147,10 @@ def experiment_of(spec: Any, claim_list: Iterable[Any], traced: int = 0) -> Expe
     configs = tuple(specmod.configs(spec))
     mine = [] if is_loader_only(spec) else [
         c for c in claim_list if any(claimsmod.reads(c, spec.name, s) for _, _, s in configs)]
-    claimed = frozenset(cid for cid, _, s in configs
-                        if any(claimsmod.reads(c, spec.name, s) for c in mine))
+    read = [factors for _, factors, s in configs if any(claimsmod.reads(c, spec.name, s) for c in mine)]
+    # a kept config's baseline stays too: its speedup column compares against it
+    wanted = read + [b for f in read if (b := specmod.baseline_config(spec, f)) is not None]
+    claimed = frozenset(cid for cid, factors, _ in configs if factors in wanted)
     metrics = {m for c in mine for m in _metrics(c)}
     epochs = {s.get("epochs") for _, _, s in configs}
     fixed = int(next(iter(epochs))) if len(epochs) == 1 and None not in epochs else None
@@ -163,3 +175,71 @@ def given_up(choice: Choice) -> list[str]:
     if choice.epochs is not None and choice.epochs != _fixed_epochs(e):
         lost.append(f"epochs {_fixed_epochs(e)} -> {choice.epochs}")
     return lost
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One experiment's part of a saved budget plan."""
+
+    duration: str
+    trials: int
+    epochs: int | None  # None: unchanged
+    configs: tuple[dict[str, Any], ...] | None  # factor values kept; None: all
+    given_up: tuple[str, ...]
+
+
+def plan_document(chosen: Budgeted, duration: str) -> dict[str, Any]:
+    """A plan that fits, as saved by `plan --save-budget` and read by `run --budget-plan`."""
+    experiments = {}
+    for c in chosen.choices:
+        every = len(c.configs) == len(c.experiment.configs)
+        experiments[c.experiment.name] = {
+            "trials": c.trials, "given_up": given_up(c),
+            "epochs": None if c.epochs == _fixed_epochs(c.experiment) else c.epochs,
+            "configs": None if every else [f for cid, f, _ in c.experiment.configs if cid in c.configs]}
+    return {"duration": duration, "fits": chosen.fits, "seconds": round(chosen.seconds, 1),
+            "experiments": experiments}
+
+
+def save_plan(document: dict[str, Any], path: Path) -> None:
+    write_text_atomic(path, json.dumps(document, indent=1) + "\n")
+
+
+def load_entry(path: Path, name: str) -> Entry:
+    """`name`'s (experiment@profile) part of the budget plan in `path`; InputError otherwise."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        part = document["experiments"][name]
+        configs = part["configs"]
+        return Entry(str(document["duration"]), int(part["trials"]),
+                     None if part["epochs"] is None else int(part["epochs"]),
+                     None if configs is None else tuple(dict(c) for c in configs),
+                     tuple(str(g) for g in part["given_up"]))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such budget plan (multicard plan --budget D --save-budget FILE "
+                         "writes one)") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the budget plan ({exc.strerror})") from None
+    except KeyError as exc:
+        where = f"no entry for {name}" if exc.args == (name,) else f"missing {exc}"
+        raise InputError(f"{path}: not a budget plan for this run ({where})") from None
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise InputError(f"{path}: not a budget plan ({exc})") from None
+
+
+def budgeted_spec(path: Path, profile: str, settings: Mapping[str, Any], trials: int | str | None,
+                  plan_file: Path) -> Any:
+    """The spec at `path`@`profile` as the budget plan in `plan_file` chose it: its trials, its
+    epochs (fixed like `--set epochs=N`) and the configs kept."""
+    from multicard import spec as specmod
+
+    loaded = specmod.with_trials(specmod.load(path, profile, settings), trials)
+    entry = load_entry(plan_file, f"{loaded.name}@{loaded.profile}")
+    if entry.epochs is not None:
+        loaded = specmod.with_trials(specmod.load(path, profile, {**settings, "epochs": entry.epochs}),
+                                     trials)
+    loaded = specmod.with_trials(loaded, entry.trials)
+    # epochs that became fixed leave the factors the plan named the configs by
+    kept = None if entry.configs is None else tuple(
+        {k: v for k, v in c.items() if k in loaded.grid} for c in entry.configs)
+    return specmod.with_budget(loaded, specmod.Budget(entry.duration, kept, entry.given_up))

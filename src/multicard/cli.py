@@ -37,8 +37,9 @@ class OneLineParser(argparse.ArgumentParser):
 def cmd_plan(args: argparse.Namespace) -> int:
     from multicard import spec
 
-    specs = [spec.with_trials(spec.load(path, profile or args.profile, dict(args.set)), args.trials)
-             for path, profile in args.spec]
+    if args.save_budget is not None and args.budget is None:
+        raise InputError("plan: --save-budget FILE needs --budget DURATION")
+    specs = [_load_spec(path, profile or args.profile, dict(args.set), args) for path, profile in args.spec]
     plans = [spec.plan(s, None, args.trace) for s in specs]
     rates = _calibration(args.calibrate, args.save_calibration)
     if args.json:
@@ -54,7 +55,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.budget is not None:
         traced = [sum(p.trace != "none" for p in planned) // max(1, len(spec.configs(s)))
                   for s, planned in zip(specs, plans, strict=True)]
-        return _print_budget(specs, traced, [path for path, _ in args.spec], rates, args.budget)
+        return _print_budget(specs, traced, [path for path, _ in args.spec], rates, args.budget,
+                             args.save_budget)
     wall = device_hours = 0.0
     for s, planned in zip(specs, plans, strict=True):
         seconds, hours = _print_plan(s, planned, table=len(specs) == 1 and not args.summary, rates=rates)
@@ -65,6 +67,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"\ntotal: {sum(len(p) for p in plans)} trials; estimated {format_duration(wall)} "
               f"wall, {device_hours:.2f} device-hours (GPU-hours for cuda specs).")
     return 0
+
+
+def _load_spec(path: Path, profile: str, settings: dict[str, Any], args: argparse.Namespace) -> Spec:
+    """One spec as the command line asks: --set, --trials, and a saved --budget-plan's choice."""
+    from multicard import budget, spec
+
+    if args.budget_plan is not None:
+        return budget.budgeted_spec(path, profile, settings, args.trials, args.budget_plan)
+    return spec.with_trials(spec.load(path, profile, settings), args.trials)
 
 
 def _calibration(paths: list[Path], save: Path | None) -> dict[str, Any]:
@@ -128,9 +139,9 @@ def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool,
 
 
 def _print_budget(specs: list[Spec], traced: list[int], paths: list[Path], rates: dict[str, Any],
-                  text: str) -> int:
-    """Fit the specs into the budget and say what each experiment and claim gave up; 1 when no
-    plan fits."""
+                  text: str, save: Path | None) -> int:
+    """Fit the specs into the budget and say what each experiment and claim gave up (saved to
+    `save` for `run --budget-plan`); 1 when no plan fits (nothing saved)."""
     from multicard import budget, calibrate, claims
     from multicard.runner import format_duration
 
@@ -162,6 +173,9 @@ def _print_budget(specs: list[Spec], traced: list[int], paths: list[Path], rates
         gone = [f"{name}: {'; '.join(lost[name])}" for name in where if lost[name]]
         print(f"  {claim.id}: {' | '.join(gone) if gone else 'nothing given up'}"
               f"{'' if where else ' (no experiment of this plan reads it)'}")
+    if save is not None:
+        budget.save_plan(budget.plan_document(chosen, text), save)
+        print(f"budget plan saved to {save} (multicard run ... --budget-plan {save})")
     return 0
 
 
@@ -184,7 +198,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.rdzv_endpoint is not None:
         rendezvous_endpoint(args.rdzv_endpoint)
     overrides = dict(args.set) | ({"nnodes": args.nnodes} if args.nnodes else {})
-    s = spec.with_trials(spec.load(args.spec, args.profile, overrides), args.trials)
+    s = _load_spec(args.spec, args.profile, overrides, args)
+    if not spec.configs(s):
+        print(f"{s.name}@{s.profile}: nothing to run, the budget plan dropped every config "
+              f"({'; '.join(s.budget.given_up) if s.budget else 'none kept'})")
+        return 0
     nnodes = max(int(settings["nnodes"]) for _, _, settings in spec.configs(s))
     out = args.out or Path("artifact/runs") / (
         f"{s.name}-{s.profile}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}")
@@ -396,6 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fit the plan into DURATION (24h, 1h30m, 2d): fewer configs no claim reads, "
                         "then fewer trials (never below the verdict minimum), then fewer epochs "
                         "(never below what the claims need); says what each claim gives up")
+    p.add_argument("--save-budget", type=Path, metavar="FILE",
+                   help="with --budget: save the plan that fits, for `run --budget-plan FILE`")
     p.add_argument("--save-calibration", type=Path, metavar="FILE",
                    help="write the rates --calibrate fitted to FILE (for a later --calibrate FILE)")
 
@@ -486,6 +506,9 @@ def _spec_args(p: argparse.ArgumentParser, several: bool = False) -> None:
     p.add_argument("--set", type=_setting, action="append", metavar="KEY=VALUE", default=[],
                    help="fix a setting for this run (TOML value; a string may be bare), e.g. "
                         "--set weights=/models/llama3-8b/original; repeatable")
+    p.add_argument("--budget-plan", type=Path, metavar="FILE",
+                   help="the trials, epochs and configs that `plan --budget D --save-budget FILE` "
+                        "chose for this spec")
     p.add_argument("--trace", choices=("none", "torch", "nsys"),
                    help="profile extra trials with the PyTorch profiler or Nsight Systems "
                         "(default: the spec's [trials].trace)")

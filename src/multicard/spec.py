@@ -26,7 +26,9 @@ from multicard import params
 from multicard.errors import InputError
 from multicard.params import Value
 
-SECTIONS = {"experiment", "fixed", "grid", "baseline", "trials", "report", "profiles", "reference"}
+SECTIONS = {"experiment", "fixed", "grid", "baseline", "trials", "report", "profiles", "reference",
+            "budget"}
+BUDGET_KEYS = {"duration", "configs", "given_up"}
 EXPERIMENT_KEYS = {"name", "title", "workload", "paper", "description", "profile"}
 TRIALS_KEYS = {"count", "seed", "timeout_s", "trace", "trace_trials", "trace_fallback", "trace_count",
                "min_ok", "half_width"}
@@ -75,6 +77,15 @@ class Reference:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """What a time budget (`multicard plan --budget`) kept of this run and gave up."""
+
+    duration: str  # as given, e.g. "24h"
+    configs: tuple[dict[str, Value], ...] | None  # factor values of the configs kept; None: all
+    given_up: tuple[str, ...]  # in words; empty: nothing
+
+
+@dataclass(frozen=True)
 class Spec:
     path: Path
     name: str
@@ -101,6 +112,7 @@ class Spec:
     trace_count: int = TRACE_COUNT_DEFAULT  # traced trials per config
     auto: Auto | None = None  # trials until the answer is clear; `trials` is then the most
     half_width: float = HALF_WIDTH_DEFAULT  # the target of `auto` ([trials].half_width)
+    budget: Budget | None = None  # set on a run planned to fit a time budget
 
 
 @dataclass(frozen=True)
@@ -231,6 +243,11 @@ def from_document(doc: dict[str, Any], path: Path, profile: str = "paper") -> Sp
         **_report(check, doc, grid, workload),
         references=_references(check, doc, workload),
     )
+    if "budget" in doc:
+        if not resolved:
+            check.fail("[budget]", "no such table in an experiment file (a run's spec.toml gets one "
+                       "from `multicard run --budget-plan`)", show_got=False)
+        spec = with_budget(spec, _budget(check, doc["budget"]))
     _check_conflicts(check, spec)
     check_plan_size(spec, spec.trials, path)
     return spec
@@ -246,6 +263,32 @@ def with_trials(spec: Spec, trials: int | str | None) -> Spec:
         return dataclasses.replace(spec, trials=trials, auto=None)
     auto = parse_auto(trials, spec.min_ok, spec.half_width, "--trials")
     return dataclasses.replace(spec, trials=auto.max_rounds, auto=auto)
+
+
+def with_budget(spec: Spec, budget: Budget) -> Spec:
+    """`spec` keeping only the budget's configs (trials and epochs are set by the caller)."""
+    import dataclasses
+
+    if budget.configs is not None:
+        grid_points = [factors for _, factors, _ in configs(spec)]
+        unknown = [c for c in budget.configs if c not in grid_points]
+        if unknown:
+            raise InputError(f"{spec.path}: [budget].configs: {unknown[0]} is not a config of "
+                             f"{spec.name}@{spec.profile}")
+    return dataclasses.replace(spec, budget=budget)
+
+
+def _budget(check: _Checker, value: Any) -> Budget:
+    table = check.table("[budget]", value)
+    check.keys("[budget]", table, BUDGET_KEYS)
+    kept = table.get("configs")
+    if kept is not None and (not isinstance(kept, list) or not all(isinstance(c, dict) for c in kept)):
+        check.fail("[budget].configs", "a list of tables of factor values", kept)
+    given_up = table.get("given_up", [])
+    if not isinstance(given_up, list) or not all(isinstance(g, str) for g in given_up):
+        check.fail("[budget].given_up", "a list of strings", given_up)
+    return Budget(check.text("[budget].duration", table.get("duration")),
+                  None if kept is None else tuple(kept), tuple(given_up))
 
 
 def _counts(check: _Checker, trials: Mapping[str, Any], profile: str) -> dict[str, Any]:
@@ -472,6 +515,8 @@ def configs(spec: Spec) -> list[tuple[str, dict[str, Value], dict[str, Value]]]:
     out = []
     for combo in itertools.product(*(spec.grid[k] for k in keys)):
         config = dict(zip(keys, combo, strict=True))
+        if spec.budget is not None and spec.budget.configs is not None and config not in spec.budget.configs:
+            continue  # a time budget dropped it: no claim reads it
         settings = {k: config[k] if k in config else spec.fixed[k]
                     for k in params.WORKLOAD_PARAMS[spec.workload]}
         out.append((config_id(spec, settings), config, settings))
@@ -544,4 +589,8 @@ def to_toml(spec: Spec) -> str:
             for r in spec.references
         ],
     }
+    if spec.budget is not None:
+        doc["budget"] = {"duration": spec.budget.duration, "given_up": list(spec.budget.given_up),
+                         **({"configs": list(spec.budget.configs)} if spec.budget.configs is not None
+                            else {})}
     return tomli_w.dumps(doc)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from multicard import budget, claims, spec
 from multicard.budget import Experiment
 from multicard.errors import InputError
-from tests.helpers import EXPERIMENTS
+from tests.helpers import EXPERIMENTS, write_spec
 
 
 def experiment(name: str, configs: int, trials: int = 5, min_ok: int = 3, epochs: int = 20,
@@ -79,3 +81,58 @@ def test_the_paper_specs_know_which_configs_their_claims_read() -> None:
     numa = budget.experiment_of(spec.load(EXPERIMENTS / "numa_binding.toml"), claim_list)
     assert numa.claimed == frozenset(cid for cid, _, _ in numa.configs)  # the NUMA verdict reads all
     assert numa.epoch_floor == 2
+
+
+def test_epochs_are_halved_in_the_costliest_experiment_first() -> None:
+    big, small = experiment("big", 4), experiment("small", 1)  # 4000 s and 1000 s at 3 trials x 20 epochs
+    found = budget.fit([big, small], 3 * 200.0 * 5 - 1.0, per_epoch)  # 5 configs x 3 trials: 3000 s
+    assert found.fits
+    assert [(c.trials, c.epochs) for c in found.choices] == [(3, 10), (3, None)]  # small keeps its 20
+
+
+def saved_plan(tmp_path: Path, duration: str, paths: list[tuple[Path, str]]) -> Path:
+    claim_list = claims.load(EXPERIMENTS / "claims.toml")
+    experiments = [budget.experiment_of(spec.load(p, profile), claim_list) for p, profile in paths]
+    chosen = budget.fit(experiments, budget.parse_duration(duration), lambda w, s: 60.0 * s["epochs"])
+    plan_file = tmp_path / "budget.json"
+    budget.save_plan(budget.plan_document(chosen, duration), plan_file)
+    return plan_file
+
+
+def test_a_saved_plan_is_what_the_run_gets_and_its_spec_toml_keeps_it(tmp_path: Path) -> None:
+    table2, figure6 = EXPERIMENTS / "table2_precision.toml", EXPERIMENTS / "figure6_loaders.toml"
+    # claimed configs: table2 16 x 5 trials x 20 min = 26.7 h, figure6 10 x 5 x 20 min = 16.7 h
+    plan_file = saved_plan(tmp_path, "36h", [(table2, "paper"), (figure6, "paper")])
+    full = spec.load(figure6)
+    chosen = budget.budgeted_spec(figure6, "paper", {}, None, plan_file)
+    entry = budget.load_entry(plan_file, "figure6_loaders@paper")
+    assert entry.epochs == 10 and chosen.fixed["epochs"] == 10 and full.fixed["epochs"] == 20
+    assert len(spec.configs(chosen)) == len(entry.configs or ()) < len(spec.configs(full))
+    assert chosen.trials == entry.trials and chosen.budget is not None
+    assert chosen.budget.given_up == entry.given_up and "epochs 20 -> 10" in entry.given_up
+    # a run's spec.toml reads back as the same spec: a resumed run finds the same configs
+    written = tmp_path / "spec.toml"
+    written.write_text(spec.to_toml(chosen))
+    again = spec.load(written)
+    assert [c for c, _, _ in spec.configs(again)] == [c for c, _, _ in spec.configs(chosen)]
+    assert again.budget == chosen.budget
+    kept = budget.budgeted_spec(table2, "paper", {}, None, plan_file)  # C3 reads accuracy: 20 epochs
+    assert kept.fixed["epochs"] == 20
+    assert budget.load_entry(plan_file, "table2_precision@paper").epochs is None
+
+
+def test_a_plan_without_this_run_or_not_a_plan_is_bad_input(tmp_path: Path) -> None:
+    plan_file = saved_plan(tmp_path, "300h", [(EXPERIMENTS / "table2_precision.toml", "paper")])
+    with pytest.raises(InputError, match="no entry for table3_pin_memory@paper"):
+        budget.budgeted_spec(EXPERIMENTS / "table3_pin_memory.toml", "paper", {}, None, plan_file)
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(InputError, match="not a budget plan"):
+        budget.load_entry(tmp_path / "bad.json", "x@paper")
+    with pytest.raises(InputError, match="no such budget plan"):
+        budget.load_entry(tmp_path / "absent.json", "x@paper")
+
+
+def test_an_experiment_file_cannot_carry_a_budget(tmp_path: Path) -> None:
+    path = write_spec(tmp_path, budget={"duration": "1h"})
+    with pytest.raises(InputError, match=r"\[budget\]: expected no such table"):
+        spec.load(path)

@@ -150,10 +150,13 @@ def test_a_null_energy_metric_never_has_the_reason_none() -> None:
 def test_the_cpu_meter_follows_a_counter_that_wraps_more_than_once(tmp_path: Path) -> None:
     root = powercap(tmp_path, {"intel-rapl:0": ("package-0", 9_000, 10_000)})
     counter = root / "intel-rapl:0" / "energy_uj"
-    with energy.CpuEnergyMeter(root, period_s=0.05) as meter:
-        for value in (2_000, 9_500, 1_000):  # 3000 (a wrap), 7500, 1500 (a wrap) microjoules
+    # the meter's own thread never fires in this test (a busy machine could make it miss a read):
+    # its reads are made here, one per counter value, and the last one by the end of the block
+    with energy.CpuEnergyMeter(root, period_s=3600.0) as meter:
+        for value in (2_000, 9_500):  # 3000 (a wrap), 7500 microjoules
             counter.write_text(f"{value}\n")
-            time.sleep(0.2)  # the meter reads in between
+            assert meter._step()
+        counter.write_text("1000\n")  # 1500 (a wrap)
     assert meter.energy().joules == pytest.approx(0.012)
 
 

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 import tomllib
+from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 from multicard import cost, spec
 from tests.helpers import EXPERIMENTS, ROOT
@@ -41,3 +47,21 @@ def test_kick_the_tires_fits_35_minutes_on_one_gpu_by_the_cost_model() -> None:
         assert s.trials >= s.min_ok == 5  # every config can reach a verdict
         seconds += sum(cost.trial_seconds(s.workload, p.params) for p in planned)
     assert seconds < 34 * 60  # a minute left for preparing Scenario B and the report
+
+
+def reproduce(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nox", "-s", "reproduce", "--", "--dry-run", *args],
+                          capture_output=True, text=True, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_reproduce_with_a_budget_fits_or_says_no_plan_fits(tmp_path: Path) -> None:
+    refused = reproduce("--budget", "1h", "--out", str(tmp_path / "new"))
+    assert refused.returncode != 0 and "budget 1h 00m: no plan fits" in refused.stdout + refused.stderr
+    assert not (tmp_path / "new").exists()  # a dry run starts nothing
+    started = tmp_path / "started"
+    started.mkdir()
+    (started / NOXFILE.BUDGET_PLAN).write_text(json.dumps({"duration": "24h", "experiments": {}}))
+    other = reproduce("--budget", "48h", "--out", str(started))
+    assert other.returncode != 0
+    assert "was planned for --budget 24h, not 48h" in other.stdout + other.stderr

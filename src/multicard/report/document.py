@@ -194,6 +194,7 @@ def _experiment_section(run: RunData, name: str, out: Path, echo: Callable[[str]
         "",
         f"Fixed settings: {fixed}.",
         "",
+        *_budget_lines(spec),
         markdown,
         f"Raw per-trial values: `tables/{name}_trials.csv`; all statistics: `tables/{name}.csv`.",
         "",
@@ -233,6 +234,14 @@ def _experiment_section(run: RunData, name: str, out: Path, echo: Callable[[str]
         lines += [f"- `{r.config_id}` trial {r.trial}: **{r.status}** {r.error_type or ''}: "
                   f"{_first_line(r.message)}" for r in failed.itertuples()]
     return "\n".join(lines) + "\n"
+
+
+def _budget_lines(spec: Spec) -> list[str]:
+    """What a time budget made this run give up (a smaller run than the spec's, said as such)."""
+    if spec.budget is None:
+        return []
+    lost = "; ".join(spec.budget.given_up) or "nothing"
+    return [f"Planned to fit a budget of {spec.budget.duration} (`--budget`): gave up {lost}.", ""]
 
 
 def _stray_lines(spec: Spec, strays: pd.DataFrame, echo: Callable[[str], None] | None) -> list[str]:
