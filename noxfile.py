@@ -220,43 +220,56 @@ def _run_collection(session: nox.Session, runs: tuple[tuple[str, str], ...], nam
     out = Path(given) if given else RUNS / f"{name}-{stamp()}"
     specs = [f"{EXPERIMENTS / experiment}.toml@{profile}" for experiment, profile in runs]
     measured = ["--calibrate", str(CALIBRATION)] if CALIBRATION.exists() else []
-    budgeted = [] if duration is None else _budget_plan(session, python, out, duration, dry_run,
-                                                         [*args, *measured, *specs])
-    if duration is None:
+    budgeted = _budget_plan(session, python, out, duration, dry_run, [*args, *measured, *specs])
+    if not budgeted and duration is None:
         multicard(session, python, "plan", "--summary", *args, *measured, *specs)
     if dry_run:
         session.log("--dry-run: nothing started")
         return
+    run_args = _take(args, "--trials")[1] if budgeted else args  # the budget plan sets the trials
     for experiment, profile in runs:
         run_dir = out / (experiment if profile == "paper" else f"{experiment}-{profile}")
         multicard(session, python, "run", str(EXPERIMENTS / f"{experiment}.toml"), "--profile", profile,
-                  *args, *budgeted, "--out", str(run_dir))
+                  *run_args, *budgeted, "--out", str(run_dir))
         multicard(session, python, "report", str(out))
     multicard(session, python, "verify", str(out))
     session.log(f"{name}: {out}/REPORT.md")
     if save_calibration:  # a later `reproduce -- --dry-run` prints a measured plan
-        multicard(session, python, "plan", "--summary", *specs, "--calibrate", str(out),
+        kept = [str(CALIBRATION)] if CALIBRATION.exists() else []  # rates of keys this run did not measure
+        multicard(session, python, "plan", "--summary", *specs, "--calibrate", *kept, str(out),
                   "--save-calibration", str(CALIBRATION))
 
 
-def _budget_plan(session: nox.Session, python: str, out: Path, duration: str, dry_run: bool,
+def _budget_plan(session: nox.Session, python: str, out: Path, duration: str | None, dry_run: bool,
                  plan_args: list[str]) -> list[str]:
     """`--budget D`: fit the collection into D (the session fails when no plan fits) and save the
-    choice as OUT/budget.json for every run; a resumed collection keeps the plan it started with."""
+    choice as OUT/budget.json for every run. A collection that has one (resumed with `--out DIR`,
+    with or without `--budget`) keeps the plan it started with."""
     plan_file = out / BUDGET_PLAN
     if plan_file.is_file():
-        started = json.loads(plan_file.read_text(encoding="utf-8")).get("duration")
-        if started != duration:
+        try:
+            started = json.loads(plan_file.read_text(encoding="utf-8"))["duration"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            session.error(f"{plan_file}: not a budget plan ({exc}); move it away to plan afresh")
+        if duration is not None and _seconds(session, python, started) != _seconds(session, python, duration):
             session.error(f"{plan_file}: this collection was planned for --budget {started}, not {duration}")
-        session.log(f"--budget {duration}: resuming with the plan in {plan_file}")
+        session.log(f"--budget {started}: resuming with the plan in {plan_file}")
         return ["--budget-plan", str(plan_file)]
+    if duration is None:
+        return []
     if dry_run:
         multicard(session, python, "plan", "--summary", "--budget", duration, *plan_args)
         return []
-    out.mkdir(parents=True, exist_ok=True)
     multicard(session, python, "plan", "--summary", "--budget", duration, "--save-budget", str(plan_file),
               *plan_args)
     return ["--budget-plan", str(plan_file)]
+
+
+def _seconds(session: nox.Session, python: str, duration: str) -> float:
+    """`--budget`'s duration in seconds, parsed as `multicard plan` parses it."""
+    parsed = session.run(python, "-c", "import sys; from multicard.budget import parse_duration; "
+                         "print(parse_duration(sys.argv[1]))", duration, silent=True)
+    return float(str(parsed).strip())
 
 
 @nox.session(python=False)

@@ -1,7 +1,9 @@
 """Fit a collection of experiments into a time budget, giving up as little of each claim as it can.
 
 Levers, in the order they are pulled (each only as far as the budget needs):
-1. configs no claim reads (no claim's arms or parts match them) are dropped;
+1. configs no claim reads (no claim's arms or parts match them) are dropped, the experiment where
+   they cost the most first (an experiment that no claim reads at all keeps its configs: its
+   question is its own; a loader_only run's configs are never claimed);
 2. trials per config go down, all experiments one step at a time, never below the verdict minimum
    (`[trials].min_ok`: fewer ok trials and no verdict could use them);
 3. epochs go down (halved each step, the costliest experiment first), never below what the
@@ -27,6 +29,7 @@ from multicard.artifact import write_text_atomic
 from multicard.errors import InputError
 
 MIN_EPOCHS = 2
+PLAN_FILE = "budget.json"  # a collection's budget plan (`nox -s reproduce -- --budget D`)
 ACCURACY_METRICS = frozenset({"test_accuracy"})
 Settings = Mapping[str, Any]
 Seconds = Callable[[str, Settings], float]  # (workload, settings) -> one trial's estimate
@@ -100,9 +103,7 @@ def fit(experiments: list[Experiment], budget_s: float, estimate: Seconds) -> Bu
 
     if total(choices) <= budget_s:
         return Budgeted(True, tuple(choices), total(choices))
-    choices = [replace(c, configs=tuple(cid for cid in c.configs if cid in c.experiment.claimed))
-               for c in choices]
-    for step in (_fewer_trials, _fewer_epochs):
+    for step in (_fewer_configs, _fewer_trials, _fewer_epochs):
         while total(choices) > budget_s and (smaller := step(choices, estimate)) is not None:
             choices = smaller
         if total(choices) <= budget_s:
@@ -110,10 +111,26 @@ def fit(experiments: list[Experiment], budget_s: float, estimate: Seconds) -> Bu
     return Budgeted(False, tuple(choices), total(choices))
 
 
+def _fewer_configs(choices: list[Choice], estimate: Seconds) -> list[Choice] | None:
+    """Drop the unclaimed configs of the experiment where they cost the most (one at a time)."""
+    def unclaimed(c: Choice) -> float:
+        others = tuple(cid for cid in c.configs if cid not in c.experiment.claimed)
+        return replace(c, configs=others).seconds(estimate)
+
+    have = [i for i, c in enumerate(choices) if any(cid not in c.experiment.claimed for cid in c.configs)]
+    if not have:
+        return None
+    costliest = max(have, key=lambda i: unclaimed(choices[i]))
+    c = choices[costliest]
+    kept = replace(c, configs=tuple(cid for cid in c.configs if cid in c.experiment.claimed))
+    return [*choices[:costliest], kept, *choices[costliest + 1:]]
+
+
 def _fewer_trials(choices: list[Choice], estimate: Seconds) -> list[Choice] | None:
+    """One trial less everywhere above the verdict minimum (never more than asked for)."""
     if all(c.trials <= c.experiment.min_ok for c in choices):
         return None
-    return [replace(c, trials=max(c.experiment.min_ok, c.trials - 1)) for c in choices]
+    return [replace(c, trials=min(c.trials, max(c.experiment.min_ok, c.trials - 1))) for c in choices]
 
 
 def _fewer_epochs(choices: list[Choice], estimate: Seconds) -> list[Choice] | None:
@@ -148,6 +165,8 @@ def experiment_of(spec: Any, claim_list: Iterable[Any], traced: int = 0) -> Expe
     mine = [] if is_loader_only(spec) else [
         c for c in claim_list if any(claimsmod.reads(c, spec.name, s) for _, _, s in configs)]
     read = [factors for _, factors, s in configs if any(claimsmod.reads(c, spec.name, s) for c in mine)]
+    if not mine and not is_loader_only(spec):
+        read = [factors for _, factors, _ in configs]  # no claim of ours: all of it is its question
     # a kept config's baseline stays too: its speedup column compares against it
     wanted = read + [b for f in read if (b := specmod.baseline_config(spec, f)) is not None]
     claimed = frozenset(cid for cid, factors, _ in configs if factors in wanted)
@@ -202,6 +221,7 @@ def plan_document(chosen: Budgeted, duration: str) -> dict[str, Any]:
 
 
 def save_plan(document: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(document, indent=1) + "\n")
 
 

@@ -1,21 +1,25 @@
 """Measured rates for the cost model, fitted from the ok trials of finished runs.
 
-`multicard plan --calibrate RUN...` reads every ok timing trial of the runs (or a calibration
-file saved before) and fits, per rate key:
+`multicard plan --calibrate RUN...` reads every ok trial of the runs (or a calibration
+file saved before) and fits, per rate key (every setting of the trial except how much work it
+does and where its files are: a rate measured at 1 GPU says nothing of 4, nor DataLoader workers
+of DALI; a profiled trial's rate is apart from the timing trials'):
 - vision: training images/s of one rank (`throughput_samples_s` / ranks; on CPU, where the ranks
-  of a node share its cores, of the node) by device, precision, image size, loader, layout, batch
-  size and mode;
-- LLM: training tokens/s per GPU (`tokens_per_s_per_gpu`) by device, model, method, batch size,
-  sequence length and gradient accumulation;
+  of a node share its cores, of the node);
+- LLM: training tokens/s per GPU (`tokens_per_s_per_gpu`);
 and, for both, the start-up seconds of a trial: its wall time less its timed part (launch, data
-preparation, warm-up and evaluation). A planned trial whose key was measured is estimated as
-start-up + its own amount of work / the rate, and marked `measured` with the run the rate came
-from and how many trials back it; any other is the guessed cost model (`multicard.cost`),
-marked `guessed`. Pure functions on records; the CLI loads the runs and prints.
+preparation, warm-up and evaluation) plus the runner's time before its clock started (the gap
+since the trial before ended: a page cache warmed or dropped, placement checked). A planned trial
+whose key was measured is estimated as start-up + its own amount of work / the rate, and marked
+`measured` with the run the rate came from and how many trials back it; a key whose trials that
+run skipped (a policy this machine cannot run) is estimated at the seconds the skip took; any
+other is the guessed cost model (`multicard.cost`), marked `guessed`. Pure functions on records;
+the CLI loads the runs and prints.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -24,21 +28,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from multicard import cost
+from multicard import cost, params
 from multicard.errors import InputError
 from multicard.params import Value
 
 SCHEMA = 1
-VISION_KEY = ("device", "precision", "image_size", "loader", "layout", "batch_size", "mode")
-LLM_KEY = ("device", "model", "method", "batch_size", "seq_len", "gradient_accumulation_steps")
+# The settings that are how much work a trial does (the rate turns them into seconds), or where
+# its files are (machine-specific paths): every other setting is part of the rate's key.
+NOT_KEYED = {"vision": frozenset({"epochs", "max_steps", "train_subset", "seed"}),
+             "llm": frozenset({"max_steps", "seed", "weights", "tokenizer", "data"})}
 
 
 @dataclass(frozen=True)
 class Rate:
     per_s: float  # images/s of one rank, or of a CPU node (vision); tokens/s per GPU (LLM)
     startup_s: float  # mean wall time of a trial outside its timed work
-    trials: int  # ok trials behind both
+    trials: int  # ok trials behind both (skipped ones where `skipped`)
     source: str  # the run they came from
+    skipped: bool = False  # that run skipped every trial of the key: it takes `startup_s`
 
 
 @dataclass(frozen=True)
@@ -48,9 +55,11 @@ class Estimate:
     source: str | None = None  # for a measured one: its run and trial count
 
 
-def rate_key(workload: str, settings: Mapping[str, Value]) -> str:
-    names = VISION_KEY if workload == "vision" else LLM_KEY
-    return "|".join([workload, *(f"{k}={settings.get(k)}" for k in names)])
+def rate_key(workload: str, settings: Mapping[str, Value], trace: str = "none") -> str:
+    """A profiled trial is slower than a timing one: its rate is its own (`trace=` in the key)."""
+    names = [k for k in params.WORKLOAD_PARAMS[workload] if k not in NOT_KEYED[workload]]
+    traced = [] if trace == "none" else [f"trace={trace}"]
+    return "|".join([workload, *(f"{k}={settings.get(k)}" for k in names), *traced])
 
 
 def work(workload: str, settings: Mapping[str, Value]) -> float:
@@ -72,7 +81,7 @@ def observation(workload: str, settings: Mapping[str, Value], record: Mapping[st
                 ) -> tuple[float, float] | None:
     """(rate, start-up seconds) of one ok timing trial, or None when its record lacks them."""
     metrics, wall = record.get("metrics") or {}, record.get("wall_s")
-    if record.get("status") != "ok" or record.get("trace", "none") != "none" or not wall:
+    if record.get("status") != "ok" or not wall:
         return None
     if workload == "vision":
         total, timed = metrics.get("throughput_samples_s"), metrics.get("train_time_s")
@@ -88,26 +97,55 @@ def observation(workload: str, settings: Mapping[str, Value], record: Mapping[st
 def fit(workload: str, runs: Iterable[tuple[str, Iterable[tuple[Mapping[str, Value], Mapping[str, Any]]]]]
         ) -> dict[str, Rate]:
     """Rates per key from (run name, [(settings, record)]) of one workload; a key measured in
-    several runs takes the run with the most trials behind it."""
+    several runs takes the run with the most trials behind it (a measured rate before a skip)."""
     found: dict[str, Rate] = {}
     for name, trials in runs:
         seen: dict[str, list[tuple[float, float]]] = {}
-        for settings, record in trials:
+        skips: dict[str, list[float]] = {}
+        listed = list(trials)
+        for (settings, record), before in zip(listed, gaps([r for _, r in listed]), strict=True):
+            key = rate_key(workload, settings, str(record.get("trace") or "none"))
             if (point := observation(workload, settings, record)) is not None:
-                seen.setdefault(rate_key(workload, settings), []).append(point)
-        for key, points in seen.items():
-            rate = Rate(statistics.fmean(p[0] for p in points), statistics.fmean(p[1] for p in points),
-                        len(points), name)
-            if key not in found or rate.trials > found[key].trials:
+                seen.setdefault(key, []).append((point[0], point[1] + before))
+            elif record.get("status") == "skipped":
+                skips.setdefault(key, []).append(float(record.get("wall_s") or 0.0) + before)
+        # the harmonic mean: trials of equal work take their mean time (a mean of rates would not)
+        rates = {key: Rate(statistics.harmonic_mean([p[0] for p in points]),
+                           statistics.fmean(p[1] for p in points), len(points), name)
+                 for key, points in seen.items()}
+        rates |= {key: Rate(0.0, statistics.fmean(walls), len(walls), name, skipped=True)
+                  for key, walls in skips.items() if key not in seen}
+        for key, rate in rates.items():
+            if key not in found or better(rate, found[key]):
                 found[key] = rate
     return found
 
 
-def estimate(workload: str, settings: Mapping[str, Value], rates: Mapping[str, Rate]) -> Estimate:
+def gaps(records: list[Mapping[str, Any]]) -> list[float]:
+    """Per record, the seconds between the end of the trial that ran before it and its start:
+    what the runner spent preparing it (0 for the first, or without the times)."""
+    order = sorted(range(len(records)), key=lambda i: float(records[i].get("started_unix") or 0.0))
+    found = [0.0] * len(records)
+    for previous, i in itertools.pairwise(order):
+        start, before = records[i].get("started_unix"), records[previous].get("started_unix")
+        if start is not None and before is not None:
+            found[i] = max(0.0, float(start) - float(before) - float(records[previous].get("wall_s") or 0.0))
+    return found
+
+
+def better(rate: Rate, than: Rate) -> bool:
+    """Which of two rates of one key to keep: measured before skipped, then more trials."""
+    return (not rate.skipped, rate.trials) > (not than.skipped, than.trials)
+
+
+def estimate(workload: str, settings: Mapping[str, Value], rates: Mapping[str, Rate],
+             trace: str = "none") -> Estimate:
     """A planned trial's seconds: from its measured rate where there is one, else guessed."""
-    rate = rates.get(rate_key(workload, settings))
+    rate = rates.get(rate_key(workload, settings, trace))
     if rate is None:
         return Estimate(cost.trial_seconds(workload, settings), "guessed")
+    if rate.skipped:
+        return Estimate(rate.startup_s, "measured", f"{rate.source}: skipped there, {rate.trials} trial(s)")
     return Estimate(rate.startup_s + work(workload, settings) / rate.per_s, "measured",
                     f"{rate.source}, {rate.trials} trial(s)")
 
@@ -124,6 +162,12 @@ def load(path: Path) -> dict[str, Rate]:
         doc = json.loads(path.read_text())
         if doc.get("schema") != SCHEMA:
             raise InputError(f"{path}: calibration schema {doc.get('schema')!r}, expected {SCHEMA}")
-        return {k: Rate(**v) for k, v in doc["rates"].items()}
+        rates = {str(k): Rate(**v) for k, v in doc["rates"].items()}
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(f"{path}: not a calibration file ({exc})") from None
+    for key, rate in rates.items():
+        numbers = (rate.per_s, rate.startup_s, rate.trials)
+        if not all(isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) and n >= 0
+                   for n in numbers) or (rate.per_s <= 0 and not rate.skipped) or rate.trials < 1:
+            raise InputError(f"{path}: rate {key!r}: expected per_s > 0, startup_s >= 0 and trials >= 1")
+    return rates

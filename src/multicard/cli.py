@@ -39,6 +39,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.save_budget is not None and args.budget is None:
         raise InputError("plan: --save-budget FILE needs --budget DURATION")
+    if args.json and args.budget is not None:
+        raise InputError("plan: --json prints the trial plan; --budget prints what fits (use one)")
     specs = [_load_spec(path, profile or args.profile, dict(args.set), args) for path, profile in args.spec]
     plans = [spec.plan(s, None, args.trace) for s in specs]
     rates = _calibration(args.calibrate, args.save_calibration)
@@ -48,7 +50,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps([{"config_id": p.config_id, "config": p.config, "trial": p.trial}
                           | ({"trace": p.trace} if p.trace != "none" else {})
                           | ({"experiment": s.name, "profile": s.profile} if len(specs) > 1 else {})
-                          | _estimate_json(calibrate.estimate(s.workload, p.params, rates))
+                          | _estimate_json(calibrate.estimate(s.workload, p.params, rates, p.trace))
                           for s, planned in zip(specs, plans, strict=True) for p in planned],
                          indent=1))
         return 0
@@ -74,6 +76,9 @@ def _load_spec(path: Path, profile: str, settings: dict[str, Any], args: argpars
     from multicard import budget, spec
 
     if args.budget_plan is not None:
+        if args.trials is not None:
+            raise InputError("--trials and --budget-plan: the budget plan sets the trials (plan it "
+                             "with --trials N --budget D instead)")
         return budget.budgeted_spec(path, profile, settings, args.trials, args.budget_plan)
     return spec.with_trials(spec.load(path, profile, settings), args.trials)
 
@@ -81,26 +86,33 @@ def _load_spec(path: Path, profile: str, settings: dict[str, Any], args: argpars
 def _calibration(paths: list[Path], save: Path | None) -> dict[str, Any]:
     """Rates fitted from the runs (or calibration files) given, saved where asked."""
     from multicard import calibrate
+
+    rates: dict[str, Any] = {}
+    for path in paths:
+        found = calibrate.load(path) if path.is_file() else _fitted(path)
+        rates |= {key: rate for key, rate in found.items()
+                  if key not in rates or calibrate.better(rate, rates[key])}
+    if save is not None:
+        calibrate.save(rates, save)
+        print(f"calibration: {len(rates)} rate(s) saved to {save}")
+    return rates
+
+
+def _fitted(path: Path) -> dict[str, Any]:
+    """The rates of the runs under `path`, the best run per key."""
+    from multicard import calibrate
     from multicard.report.runs import discover_runs, load_run
     from multicard.spec import configs
 
     rates: dict[str, Any] = {}
-    for path in paths:
-        if path.is_file():
-            rates |= calibrate.load(path)
-            continue
-        for run in (load_run(d) for d in discover_runs(path)):
-            # by the config's factors, not its id: an id also covers settings added since the run
-            settings = {json.dumps(factors, sort_keys=True): values
-                        for _, factors, values in configs(run.spec)}
-            trials = [(settings[key], r) for r in run.records
-                      if (key := json.dumps(r.get("config"), sort_keys=True)) in settings]
-            for key, rate in calibrate.fit(run.spec.workload, [(str(run.path), trials)]).items():
-                if key not in rates or rate.trials > rates[key].trials:
-                    rates[key] = rate
-    if save is not None:
-        calibrate.save(rates, save)
-        print(f"calibration: {len(rates)} rate(s) saved to {save}")
+    for run in (load_run(d) for d in discover_runs(path)):
+        # by the config's factors, not its id: an id also covers settings added since the run
+        settings = {json.dumps(factors, sort_keys=True): values for _, factors, values in configs(run.spec)}
+        trials = [(settings[key], r) for r in run.records
+                  if (key := json.dumps(r.get("config"), sort_keys=True)) in settings]
+        for key, rate in calibrate.fit(run.spec.workload, [(str(run.path), trials)]).items():
+            if key not in rates or calibrate.better(rate, rates[key]):
+                rates[key] = rate
     return rates
 
 
@@ -111,7 +123,7 @@ def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool,
 
     from multicard import calibrate, cost, runner, spec
 
-    estimates = [calibrate.estimate(s.workload, p.params, rates or {}) for p in planned]
+    estimates = [calibrate.estimate(s.workload, p.params, rates or {}, p.trace) for p in planned]
     seconds = [e.seconds for e in estimates]
     if table:
         rows = [[p.order, p.config_id, *p.config.values(), p.trial, p.trace,
@@ -146,7 +158,10 @@ def _print_budget(specs: list[Spec], traced: list[int], paths: list[Path], rates
     from multicard.runner import format_duration
 
     seconds = budget.parse_duration(text)
-    found = [p.parent / name for p in paths[:1] for name in (claims.FILE_NAME, claims.QUESTIONS_FILE)]
+    # the claims beside the specs (experiments/ for the paper's), else the paper's own
+    beside = paths[0].parent
+    folder = beside if (beside / claims.FILE_NAME).is_file() else claims.default_file().parent
+    found = [folder / name for name in (claims.FILE_NAME, claims.QUESTIONS_FILE)]
     claim_list = [c for path in found if path.is_file() for c in claims.load(path)]
     experiments = [budget.experiment_of(s, claim_list, n) for s, n in zip(specs, traced, strict=True)]
 

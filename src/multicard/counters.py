@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,22 +44,32 @@ def vendor(cpuinfo: str) -> str | None:
     return None
 
 
+def event_name(field: str) -> str:
+    """perf's name of a counted event -> the event asked for: `ev:u` (user-only counting, perf's
+    fallback under perf_event_paranoid 2) and `cpu_core/ev/` (a hybrid Intel core's PMU) -> `ev`."""
+    name = re.sub(r":[ukhHGpPI]+$", "", field.strip())
+    pmu = re.fullmatch(r"[\w.-]+/([^=/,]+)/[ukhHGpPI]*", name)
+    return pmu.group(1) if pmu else name
+
+
 def parse_perf_csv(text: str) -> dict[str, int | None]:
     """`perf stat -x,` output -> {event: count}, None where perf says <not supported> or <not
-    counted> (a count perf scaled for multiplexing is kept as perf printed it)."""
+    counted> (a count perf scaled for multiplexing is kept as perf printed it; the PMUs of a
+    hybrid CPU are summed)."""
     counts: dict[str, int | None] = {}
     for line in text.splitlines():
         fields = line.split(",")
         if line.startswith("#") or len(fields) < 3 or not fields[2]:
             continue
-        value = fields[0].strip()
+        name, value = event_name(fields[2]), fields[0].strip()
         if value in NOT_COUNTED:
-            counts[fields[2]] = None
+            counts.setdefault(name, None)
             continue
         try:
-            counts[fields[2]] = round(float(value))
+            counted = round(float(value))
         except ValueError:
             continue
+        counts[name] = (counts.get(name) or 0) + counted
     return counts
 
 
@@ -95,7 +106,10 @@ def _rank_file(perf_dir: Path, rank: int) -> tuple[tuple[int, int] | None, str]:
         return None, str(json.loads(note.read_text())["reason"])
     if not csv.exists():
         return None, "no perf output (the rank ended before perf wrote it)"
-    written = json.loads((perf_dir / f"rank{rank}.events.json").read_text())
+    try:
+        written = json.loads((perf_dir / f"rank{rank}.events.json").read_text())
+    except (OSError, ValueError) as exc:
+        return None, f"the rank's list of counted events is unreadable ({exc})"
     found, why = rank_counts(parse_perf_csv(csv.read_text(errors="replace")), written)
     return found, str(why)
 
@@ -111,12 +125,21 @@ def usable_events() -> tuple[tuple[str, str] | None, str | None]:
     events = EVENTS.get(found or "")
     if events is None:
         return None, f"no far/near DRAM events known for CPU vendor {found!r}"
-    tried = subprocess.run(["perf", "stat", "-x", ",", "-e", ",".join(events), "--", "true"],
-                           capture_output=True, text=True, timeout=60, check=False)
-    if tried.returncode != 0:
-        first = next((line.strip() for line in tried.stderr.splitlines() if line.strip()), "")
+    try:
+        tried = subprocess.run(["perf", "stat", "-x", ",", "-e", ",".join(events), "--", "true"],
+                               capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"perf stat could not be run here: {exc}"
+    return probe_verdict(events, tried.returncode, tried.stderr)
+
+
+def probe_verdict(events: tuple[str, str], returncode: int, stderr: str
+                  ) -> tuple[tuple[str, str] | None, str | None]:
+    """What `perf stat -x, -e EVENTS -- true` said: the events if it counted both, else why not."""
+    if returncode != 0:
+        first = next((line.strip() for line in stderr.splitlines() if line.strip()), "")
         return None, f"perf stat cannot count {', '.join(events)} here: {first}"
-    _, why = rank_counts(parse_perf_csv(tried.stderr), events)
+    _, why = rank_counts(parse_perf_csv(stderr), events)
     return (events, None) if why is None else (None, why)
 
 

@@ -160,6 +160,10 @@ def vision_unrunnable(settings: Settings, trace: str, machine: Machine) -> Reaso
 
 def torchrun_binding_unrunnable(policy: str, device: str, machine: Machine) -> Reason:
     """Why torchrun's own `--numa-binding` cannot bind this config's ranks here, or None."""
+    # the device first: a CPU run gives the same reason under every torch
+    if device != "cuda":
+        return "TorchrunBindingNeedsGpu", (f"numa_policy = {policy!r}: torchrun binds each worker near "
+                                           "its accelerator, and a CPU run has none")
     mode = numa.TORCHRUN_POLICIES[policy]
     modes, why = launch.torchrun_binding_modes()
     if why:
@@ -167,9 +171,6 @@ def torchrun_binding_unrunnable(policy: str, device: str, machine: Machine) -> R
     if mode not in modes:
         return "TorchrunBindingNotAvailable", (f"numa_policy = {policy!r}: this torch's --numa-binding "
                                                f"offers {', '.join(sorted(modes))}, not {mode}")
-    if device != "cuda":
-        return "TorchrunBindingNeedsGpu", (f"numa_policy = {policy!r}: torchrun binds each worker near "
-                                           "its accelerator, and a CPU run has none")
     if not machine.numactl:
         return "NumactlNotInstalled", f"numa_policy = {policy!r}: torchrun's binding runs numactl"
     return None

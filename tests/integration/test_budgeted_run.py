@@ -44,7 +44,8 @@ def test_a_budgeted_run_keeps_its_claims_configs_at_the_verdict_minimum(tmp_path
     per_fp32_trial = [e["estimate_s"] for e in planned if e["config"]["precision"] == "fp32"]
     # room for the two fp32 configs at 3 trials, not at 5, and never for bf16
     room = sum(per_fp32_trial) / 5 * 3.5
-    plan_file = tmp_path / "budget.json"
+    collection = tmp_path / "collection"  # as `nox -s reproduce -- --budget D` lays it out
+    plan_file = collection / "budget.json"
     saved = multicard("plan", path, "--budget", f"{room:.0f}s", "--save-budget", plan_file)
     assert saved.returncode == 0, saved.stderr
     assert "2 of 4 configs that no claim reads dropped" in saved.stdout
@@ -53,7 +54,7 @@ def test_a_budgeted_run_keeps_its_claims_configs_at_the_verdict_minimum(tmp_path
     assert too_small.returncode == 1 and "no plan fits" in too_small.stdout
     assert not (tmp_path / "none.json").exists()
 
-    run = tmp_path / "run"
+    run = collection / "tiny"
     done = multicard("run", path, "--budget-plan", plan_file, "--out", run)
     assert done.returncode == 0, done.stderr
     records = store.read(run / "trials.jsonl")
@@ -64,6 +65,7 @@ def test_a_budgeted_run_keeps_its_claims_configs_at_the_verdict_minimum(tmp_path
     again = multicard("run", path, "--budget-plan", plan_file, "--out", run)  # a resume: nothing left
     assert again.returncode == 0, again.stderr
     assert len(store.read(run / "trials.jsonl")) == 6
-    assert multicard("report", run).returncode == 0
-    assert ("Planned to fit a budget of" in (report := (run / "REPORT.md").read_text())
-            and "2 of 4 configs that no claim reads dropped" in report)
+    assert multicard("report", collection).returncode == 0
+    report = (collection / "REPORT.md").read_text()
+    assert "Planned to fit a budget of" in report and "2 of 4 configs that no claim reads dropped" in report
+    assert "## Budget" in report and "| tiny@paper" in report

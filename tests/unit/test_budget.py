@@ -136,3 +136,22 @@ def test_an_experiment_file_cannot_carry_a_budget(tmp_path: Path) -> None:
     path = write_spec(tmp_path, budget={"duration": "1h"})
     with pytest.raises(InputError, match=r"\[budget\]: expected no such table"):
         spec.load(path)
+
+
+def test_unclaimed_configs_go_where_they_cost_the_most_and_only_as_far_as_needed() -> None:
+    big, small = experiment("big", 4, claimed=2), experiment("small", 2, claimed=1)  # 4000 s, 2000 s
+    found = budget.fit([big, small], 4500.0, per_epoch)  # dropping big's 2 unclaimed (2000 s) is enough
+    assert found.fits and found.choices[0].configs == ("big0", "big1")
+    assert found.choices[1].configs == ("small0", "small1")
+
+
+def test_a_budget_never_raises_the_trials_asked_for() -> None:
+    asked = experiment("a", 2, trials=2, min_ok=3)  # --trials 2, under the verdict minimum of 3
+    found = budget.fit([asked], 1.0, per_epoch)
+    assert found.choices[0].trials == 2 and not found.fits
+
+
+def test_an_experiment_no_claim_reads_keeps_its_configs(tmp_path: Path) -> None:
+    claim_list = claims.load(EXPERIMENTS / "claims.toml")
+    mine = budget.experiment_of(spec.load(write_spec(tmp_path)), claim_list)
+    assert mine.claims == () and mine.claimed == frozenset(cid for cid, _, _ in mine.configs)

@@ -33,15 +33,37 @@ def test_rates_are_the_mean_of_ok_timing_trials_and_their_start_up() -> None:
               ({**CPU, "precision": "fp64"}, record(20.0, 12.8, 20.0))]
     rates = calibrate.fit("vision", [("run-a", trials)])
     mine = rates[calibrate.rate_key("vision", CPU)]
-    assert (mine.per_s, mine.trials, mine.source) == (120.0, 2, "run-a")
+    # 256 images each: 2.56 s and 1.83 s, a mean of 2.195 s, i.e. 116.6 images/s (not 120)
+    assert (mine.trials, mine.source) == (2, "run-a")
+    assert mine.per_s == pytest.approx(2 / (1 / 100.0 + 1 / 140.0))
     assert mine.startup_s == pytest.approx(((10.0 - 2.56) + (9.0 - 1.83)) / 2)
     found = calibrate.estimate("vision", CPU, rates)
     assert found.how == "measured" and found.source == "run-a, 2 trial(s)"
-    assert found.seconds == pytest.approx(mine.startup_s + 256 / 120.0)
-    # the same key at another GPU count or epoch count is measured too; another layout is not
-    assert calibrate.estimate("vision", {**CPU, "gpus": 1, "epochs": 20}, rates).how == "measured"
-    other = calibrate.estimate("vision", {**CPU, "layout": "nhwc"}, rates)
-    assert other == calibrate.Estimate(cost.trial_seconds("vision", {**CPU, "layout": "nhwc"}), "guessed")
+    assert found.seconds == pytest.approx(mine.startup_s + 256 / mine.per_s)
+    # a profiled trial has its own rate: the nsys one took 50 s of training and 10 s else
+    traced = calibrate.estimate("vision", CPU, rates, trace="nsys")
+    assert traced.seconds == pytest.approx(10.0 + 256 / 5.0) and traced.source == "run-a, 1 trial(s)"
+    assert calibrate.estimate("vision", CPU, rates, trace="torch").how == "guessed"
+    # more work of the same key is measured too; another layout, GPU count or worker count is not
+    assert calibrate.estimate("vision", {**CPU, "epochs": 20, "train_subset": 512}, rates).how == "measured"
+    for changed in ({"layout": "nhwc"}, {"gpus": 1}, {"num_workers": 0}, {"numa_policy": "local"}):
+        other = calibrate.estimate("vision", {**CPU, **changed}, rates)
+        assert other == calibrate.Estimate(cost.trial_seconds("vision", {**CPU, **changed}), "guessed")
+
+
+def test_the_runners_time_between_trials_is_start_up_and_a_skipped_key_costs_its_skip() -> None:
+    first = {**record(100.0, 2.0, 10.0), "started_unix": 1000.0}
+    warmed = {**record(100.0, 2.0, 10.0), "started_unix": 1019.0}  # 9 s after the first ended
+    skipped = {"status": "skipped", "wall_s": 0.0, "started_unix": 1029.5}  # 0.5 s after
+    assert calibrate.gaps([warmed, first, skipped]) == [9.0, 0.0, 0.5]
+    local = {**CPU, "numa_policy": "local"}
+    rates = calibrate.fit("vision", [("run", [(CPU, first), (CPU, warmed), (local, skipped)])])
+    assert rates[calibrate.rate_key("vision", CPU)].startup_s == pytest.approx((8.0 + 17.0) / 2)
+    found = calibrate.estimate("vision", local, rates)
+    assert found == calibrate.Estimate(0.5, "measured", "run: skipped there, 1 trial(s)")
+    # a run that measured the key wins over one that skipped it
+    measured = calibrate.fit("vision", [("ran", [(local, first)]), ("run", [(local, skipped)])])
+    assert not measured[calibrate.rate_key("vision", local)].skipped
 
 
 def test_a_key_measured_in_two_runs_takes_the_one_with_more_trials() -> None:
@@ -70,6 +92,10 @@ def test_a_calibration_file_round_trips_and_a_wrong_one_is_bad_input(tmp_path: P
     (tmp_path / "bad.json").write_text('{"schema": 1, "rates": {"k": {"per_s": 1}}}')
     with pytest.raises(InputError, match="not a calibration file"):
         calibrate.load(tmp_path / "bad.json")
+    (tmp_path / "zero.json").write_text('{"schema": 1, "rates": {"k": {"per_s": 0.0, "startup_s": 1.0, '
+                                        '"trials": 2, "source": "r"}}}')
+    with pytest.raises(InputError, match="expected per_s > 0"):
+        calibrate.load(tmp_path / "zero.json")
     (tmp_path / "old.json").write_text('{"schema": 0, "rates": {}}')
     with pytest.raises(InputError, match="calibration schema 0"):
         calibrate.load(tmp_path / "old.json")

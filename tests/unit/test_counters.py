@@ -67,16 +67,34 @@ def test_a_trial_sums_its_ranks_and_names_the_first_without_counts(tmp_path: Pat
     assert why["far_dram_count"] == "rank 1: perf is not installed"
 
 
-def test_perf_refusing_the_events_is_a_reason_not_a_failed_trial(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_perf_refusing_the_events_is_a_reason_not_a_failed_trial() -> None:
     refused = (PERF / "vm_unknown_event.stderr").read_text()
     counted = (PERF / "amd_zen_fills.csv").read_text()
-    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/perf")
-    monkeypatch.setattr(Path, "read_text", lambda self, **_: "vendor_id\t: AuthenticAMD\n")
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 129, "", refused))
-    assert counters.usable_events() == (None, f"perf stat cannot count {', '.join(AMD)} here: event syntax "
-                                        "error: 'ls_dmnd_fills_from_sys.dram_io_far,ls_dmnd_fills_from_sy..'")
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "", counted))
-    assert counters.usable_events() == (AMD, None)
+    assert counters.probe_verdict(AMD, 129, refused) == (
+        None, f"perf stat cannot count {', '.join(AMD)} here: event syntax "
+        "error: 'ls_dmnd_fills_from_sys.dram_io_far,ls_dmnd_fills_from_sy..'")
+    assert counters.probe_verdict(AMD, 0, counted) == (AMD, None)
+    unsupported = (PERF / "vm_not_supported.csv").read_text()
+    assert counters.probe_verdict(AMD, 0, unsupported)[0] is None
+
+
+def test_user_only_and_hybrid_pmu_names_are_the_events_asked_for() -> None:
+    # perf under perf_event_paranoid 2 counts user space only and says so with `:u`; a hybrid
+    # Intel CPU prints one line per core type, `cpu_core/EVENT/` and `cpu_atom/EVENT/`
+    user_only = "\n".join(f"{n},,{e}:u,1000,100.00,," for n, e in zip((5, 7), AMD, strict=True))
+    assert counters.rank_counts(counters.parse_perf_csv(user_only), AMD) == ((5, 7), None)
+    remote, local = counters.EVENTS["GenuineIntel"]
+    hybrid = (f"10,,cpu_core/{remote}/,100,100.00,,\n2,,cpu_atom/{remote}/,100,100.00,,\n"
+              f"40,,cpu_core/{local}/,100,100.00,,\n<not supported>,,cpu_atom/{local}/,0,100.00,,\n")
+    assert counters.rank_counts(counters.parse_perf_csv(hybrid), (remote, local)) == ((12, 40), None)
+    assert counters.event_name("cycles") == "cycles"
+
+
+def test_a_rank_whose_event_list_is_missing_says_so(tmp_path: Path) -> None:
+    (tmp_path / "rank0.csv").write_text((PERF / "amd_zen_fills.csv").read_text())
+    metrics, why = counters.trial_metrics(tmp_path, 1)
+    assert metrics["far_dram_count"] is None
+    assert "list of counted events is unreadable" in why["far_dram_count"]
 
 
 def test_the_wrapper_runs_the_rank_and_says_why_it_counted_nothing_here(tmp_path: Path) -> None:

@@ -65,3 +65,5 @@ def test_reproduce_with_a_budget_fits_or_says_no_plan_fits(tmp_path: Path) -> No
     other = reproduce("--budget", "48h", "--out", str(started))
     assert other.returncode != 0
     assert "was planned for --budget 24h, not 48h" in other.stdout + other.stderr
+    same = reproduce("--budget", "1d", "--out", str(started))  # the same duration, spelled otherwise
+    assert same.returncode == 0 and "resuming with the plan in" in same.stdout + same.stderr

@@ -169,6 +169,8 @@ def test_torchrun_binding_is_skipped_where_it_cannot_bind(monkeypatch: pytest.Mo
     cuda = {"gpus": 2, "device": "cuda", "loader": "torch", "numa_policy": "torchrun_node",
             "precision": "fp32"}
     node = kinds.Machine(gpus(2), one_node, numactl=True)
+    every_mode = (frozenset(numa.TORCHRUN_POLICIES.values()), None)  # whatever torch is installed
+    monkeypatch.setattr(launch, "torchrun_binding_modes", lambda: every_mode)
     assert kinds.vision_unrunnable(cuda, "none", node) is None
     assert kinds.vision_unrunnable({**cuda, "device": "cpu"}, "none", kinds.Machine([], one_node, True)) == (
         "TorchrunBindingNeedsGpu", "numa_policy = 'torchrun_node': torchrun binds each worker near its "

@@ -41,8 +41,8 @@ def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | N
     for derived in ("tables", "figures"):
         shutil.rmtree(out / derived, ignore_errors=True)
     (out / "tables").mkdir(parents=True, exist_ok=True)
-    sections = [_environment_section(runs, out), _claims_section(runs, claim_list, out),
-                _energy_section(runs, questions, out)]
+    sections = [_environment_section(runs, out), _budget_section(dirs),
+                _claims_section(runs, claim_list, out), _energy_section(runs, questions, out)]
     # the ladder's loader-only rung comes from the collection's loader_only runs
     loader_only: summarize.LoaderRates = {}
     for run in runs:
@@ -234,6 +234,31 @@ def _experiment_section(run: RunData, name: str, out: Path, echo: Callable[[str]
         lines += [f"- `{r.config_id}` trial {r.trial}: **{r.status}** {r.error_type or ''}: "
                   f"{_first_line(r.message)}" for r in failed.itertuples()]
     return "\n".join(lines) + "\n"
+
+
+def _budget_section(dirs: list[Path]) -> str:
+    """The budget plan a collection ran under (`budget.json`), every experiment of it: one whose
+    every config was dropped has no run and would otherwise go unsaid."""
+    from multicard.budget import PLAN_FILE
+
+    rows = []
+    for d in dirs:
+        try:
+            plan = json.loads((d / PLAN_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # no budget (or an unreadable plan: the runs' spec.toml still say theirs)
+        for name, part in plan.get("experiments", {}).items():
+            configs = part.get("configs")
+            kept = "all" if configs is None else ("none: not run" if not configs else str(len(configs)))
+            rows.append([name, part.get("trials"), kept, part.get("epochs") or "unchanged",
+                         "; ".join(part.get("given_up") or []) or "nothing"])
+        duration = plan.get("duration")
+    if not rows:
+        return ""
+    table = tabulate(rows, headers=["experiment", "trials per config", "configs kept", "epochs", "given up"],
+                     tablefmt="github")
+    return (f"## Budget\n\nPlanned to fit `--budget {duration}` (`{PLAN_FILE}`); a smaller run than "
+            f"the paper's, and what each experiment gave up:\n\n{table}\n")
 
 
 def _budget_lines(spec: Spec) -> list[str]:
