@@ -257,6 +257,9 @@ def _budget_plan(session: nox.Session, python: str, out: Path, duration: str | N
         return ["--budget-plan", str(plan_file)]
     if duration is None:
         return []
+    if any(out.glob("*/spec.toml")):
+        session.error(f"{out}: this collection was started without --budget; resume it without "
+                      "--budget, or start a new one")
     if dry_run:
         multicard(session, python, "plan", "--summary", "--budget", duration, *plan_args)
         return []

@@ -32,7 +32,7 @@ MIN_EPOCHS = 2
 PLAN_FILE = "budget.json"  # a collection's budget plan (`nox -s reproduce -- --budget D`)
 ACCURACY_METRICS = frozenset({"test_accuracy"})
 Settings = Mapping[str, Any]
-Seconds = Callable[[str, Settings], float]  # (workload, settings) -> one trial's estimate
+Seconds = Callable[[str, Settings, str], float]  # (workload, settings, trace) -> one trial's estimate
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class Experiment:
     epoch_floor: int | None  # None: its epochs are not a lever (LLM, or fixed by the claims)
     claims: tuple[str, ...] = ()  # the ids of the claims that read it
     traced: int = 0  # profiled trials per config, on top of `trials` (never a lever)
+    trace: str = "none"  # how they are profiled (a profiled trial has its own rate)
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,10 @@ class Choice:
     configs: tuple[str, ...]  # the config ids kept
 
     def seconds(self, estimate: Seconds) -> float:
-        per_config = self.trials + self.experiment.traced
-        return per_config * sum(estimate(self.experiment.workload, self._settings(s))
-                                for cid, _, s in self.experiment.configs if cid in self.configs)
+        e = self.experiment
+        kept = [self._settings(s) for cid, _, s in e.configs if cid in self.configs]
+        timing = self.trials * sum(estimate(e.workload, s, "none") for s in kept)
+        return timing + (e.traced * sum(estimate(e.workload, s, e.trace) for s in kept) if e.traced else 0.0)
 
     def _settings(self, settings: dict[str, Any]) -> dict[str, Any]:
         return settings if self.epochs is None else {**settings, "epochs": self.epochs}
@@ -80,6 +82,9 @@ def parse_duration(text: str) -> float:
                          r"\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
     if not text.strip() or parts is None or not any(parts.groups()):
         raise InputError(f"--budget: expected a duration such as 24h, 1h30m, 90m or 2d, got {text!r}")
+    if any(parts.groups()[:3]) and text.strip()[-1].isdigit():  # "1h30": 30 what?
+        raise InputError(f"--budget: a number after another unit needs its own (1h30m, not 1h30), "
+                         f"got {text!r}")
     days, hours, minutes, seconds = (float(g) if g else 0.0 for g in parts.groups())
     total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
     if total <= 0:
@@ -154,7 +159,7 @@ def _fixed_epochs(experiment: Experiment) -> int | None:
     return int(next(iter(found))) if len(found) == 1 and None not in found else None
 
 
-def experiment_of(spec: Any, claim_list: Iterable[Any], traced: int = 0) -> Experiment:
+def experiment_of(spec: Any, claim_list: Iterable[Any], traced: int = 0, trace: str = "none") -> Experiment:
     """A loaded spec (multicard.spec.Spec) and the claims that may read it, as the budget sees it
     (a loader_only run: none, the report keeps it out of every claim)."""
     from multicard import claims as claimsmod
@@ -175,17 +180,18 @@ def experiment_of(spec: Any, claim_list: Iterable[Any], traced: int = 0) -> Expe
     fixed = int(next(iter(epochs))) if len(epochs) == 1 and None not in epochs else None
     return Experiment(f"{spec.name}@{spec.profile}", spec.name, spec.workload, spec.trials, spec.min_ok,
                       configs, claimed, epoch_floor(spec.workload, fixed, metrics), tuple(c.id for c in mine),
-                      traced)
+                      traced, trace)
 
 
 def _metrics(claim: Any) -> set[str]:
     return {claim.metric, *(m for part in claim.parts for m in _metrics(part))}
 
 
-def given_up(choice: Choice) -> list[str]:
-    """What this experiment's choice gave up, in words (empty: nothing)."""
+def given_up(choice: Choice, by_claims: bool = False) -> list[str]:
+    """What this experiment's choice gave up, in words (empty: nothing); `by_claims`: what its
+    claims gave up (not the configs that none of them reads)."""
     e, lost = choice.experiment, []
-    if len(choice.configs) < len(e.configs):
+    if len(choice.configs) < len(e.configs) and not by_claims:
         lost.append(f"{len(e.configs) - len(choice.configs)} of {len(e.configs)} configs that no claim "
                     "reads dropped")
     if choice.trials < e.trials:

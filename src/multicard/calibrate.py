@@ -46,6 +46,7 @@ class Rate:
     trials: int  # ok trials behind both (skipped ones where `skipped`)
     source: str  # the run they came from
     skipped: bool = False  # that run skipped every trial of the key: it takes `startup_s`
+    run_start: bool = False  # not a trial's: a run's one-off start (`startup_s`), once per run
 
 
 @dataclass(frozen=True)
@@ -79,19 +80,47 @@ def _units(settings: Mapping[str, Value]) -> int:
 
 def observation(workload: str, settings: Mapping[str, Value], record: Mapping[str, Any]
                 ) -> tuple[float, float] | None:
-    """(rate, start-up seconds) of one ok timing trial, or None when its record lacks them."""
+    """(rate, start-up seconds) of one ok trial, or None when its record lacks them. The rate is
+    the trial's own work over its timed seconds, so that the estimate of the same settings gives
+    back the same seconds (torchtune's tokens/s counts only non-padding tokens, for one)."""
     metrics, wall = record.get("metrics") or {}, record.get("wall_s")
     if record.get("status") != "ok" or not wall:
         return None
     if workload == "vision":
-        total, timed = metrics.get("throughput_samples_s"), metrics.get("train_time_s")
-        rate = total / _units(settings) if total else None
+        timed = metrics.get("train_time_s")
     else:
-        rate, step, steps = (metrics.get(k) for k in ("tokens_per_s_per_gpu", "step_time_median_s", "steps"))
+        step, steps = metrics.get("step_time_median_s"), metrics.get("steps")
         timed = step * steps if step and steps else None
-    if not rate or not timed or not math.isfinite(rate) or rate <= 0:
+    if not timed or not math.isfinite(timed) or timed <= 0:
         return None
-    return float(rate), max(0.0, float(wall) - float(timed))
+    return work(workload, settings) / float(timed), max(0.0, float(wall) - float(timed))
+
+
+def run_start_key(workload: str) -> str:
+    return f"{workload}|run start"
+
+
+def fit_run_start(workload: str, name: str, captured: str | None, records: list[Mapping[str, Any]]
+                  ) -> dict[str, Rate]:
+    """The one-off start of the run `name` (its env.json's `captured` time, ISO 8601) as a rate
+    entry; none without the times."""
+    from datetime import datetime
+
+    try:
+        captured_unix = datetime.fromisoformat(captured).timestamp() if captured else None
+    except ValueError:
+        captured_unix = None
+    seconds = run_start(captured_unix, records)
+    return {} if seconds is None else {run_start_key(workload): Rate(0.0, seconds, 1, name, run_start=True)}
+
+
+def run_start(captured_unix: float | None, records: list[Mapping[str, Any]]) -> float | None:
+    """A run's one-off start (environment, dataset checks): from its env.json being captured to
+    its first trial's start; None without the times."""
+    starts = [float(r["started_unix"]) for r in records if r.get("started_unix") is not None]
+    if captured_unix is None or not starts:
+        return None
+    return max(0.0, min(starts) - captured_unix)
 
 
 def fit(workload: str, runs: Iterable[tuple[str, Iterable[tuple[Mapping[str, Value], Mapping[str, Any]]]]]
@@ -123,13 +152,19 @@ def fit(workload: str, runs: Iterable[tuple[str, Iterable[tuple[Mapping[str, Val
 
 def gaps(records: list[Mapping[str, Any]]) -> list[float]:
     """Per record, the seconds between the end of the trial that ran before it and its start:
-    what the runner spent preparing it (0 for the first, or without the times)."""
+    what the runner spent preparing it. 0 for the first, without the times, and where the one
+    before is not the plan's previous trial or was interrupted (a stop and a resume between them)."""
     order = sorted(range(len(records)), key=lambda i: float(records[i].get("started_unix") or 0.0))
     found = [0.0] * len(records)
     for previous, i in itertools.pairwise(order):
-        start, before = records[i].get("started_unix"), records[previous].get("started_unix")
-        if start is not None and before is not None:
-            found[i] = max(0.0, float(start) - float(before) - float(records[previous].get("wall_s") or 0.0))
+        this, before = records[i], records[previous]
+        if this.get("started_unix") is None or before.get("started_unix") is None:
+            continue
+        follows = this.get("order") is not None and before.get("order") in (this["order"] - 1, this["order"])
+        if before.get("status") == "interrupted" or not follows:
+            continue  # a retry has its trial's order; any other step is a stop and a resume
+        found[i] = max(0.0, float(this["started_unix"]) - float(before["started_unix"])
+                       - float(before.get("wall_s") or 0.0))
     return found
 
 
@@ -168,6 +203,7 @@ def load(path: Path) -> dict[str, Rate]:
     for key, rate in rates.items():
         numbers = (rate.per_s, rate.startup_s, rate.trials)
         if not all(isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) and n >= 0
-                   for n in numbers) or (rate.per_s <= 0 and not rate.skipped) or rate.trials < 1:
+                   for n in numbers) or (rate.per_s <= 0 and not (rate.skipped or rate.run_start)) \
+                or rate.trials < 1:
             raise InputError(f"{path}: rate {key!r}: expected per_s > 0, startup_s >= 0 and trials >= 1")
     return rates

@@ -55,7 +55,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                          indent=1))
         return 0
     if args.budget is not None:
-        traced = [sum(p.trace != "none" for p in planned) // max(1, len(spec.configs(s)))
+        # traced trials on top of the timing ones ("first": they are among them, cut with them)
+        traced = [0 if s.trace_trials == "first" else
+                  sum(p.trace != "none" for p in planned) // max(1, len(spec.configs(s)))
                   for s, planned in zip(specs, plans, strict=True)]
         return _print_budget(specs, traced, [path for path, _ in args.spec], rates, args.budget,
                              args.save_budget)
@@ -87,14 +89,16 @@ def _calibration(paths: list[Path], save: Path | None) -> dict[str, Any]:
     """Rates fitted from the runs (or calibration files) given, saved where asked."""
     from multicard import calibrate
 
+    if save is not None and not paths:
+        raise InputError("plan: --save-calibration FILE needs --calibrate RUN... (nothing to save)")
     rates: dict[str, Any] = {}
-    for path in paths:
+    for path in paths:  # a later source wins for every key it measured (a skip never replaces a rate)
         found = calibrate.load(path) if path.is_file() else _fitted(path)
         rates |= {key: rate for key, rate in found.items()
-                  if key not in rates or calibrate.better(rate, rates[key])}
+                  if key not in rates or not rate.skipped or rates[key].skipped}
     if save is not None:
         calibrate.save(rates, save)
-        print(f"calibration: {len(rates)} rate(s) saved to {save}")
+        print(f"calibration: {len(rates)} rate(s) saved to {save}", file=sys.stderr)
     return rates
 
 
@@ -110,7 +114,10 @@ def _fitted(path: Path) -> dict[str, Any]:
         settings = {json.dumps(factors, sort_keys=True): values for _, factors, values in configs(run.spec)}
         trials = [(settings[key], r) for r in run.records
                   if (key := json.dumps(r.get("config"), sort_keys=True)) in settings]
-        for key, rate in calibrate.fit(run.spec.workload, [(str(run.path), trials)]).items():
+        fitted = calibrate.fit(run.spec.workload, [(str(run.path), trials)])
+        fitted |= calibrate.fit_run_start(run.spec.workload, str(run.path), run.env.get("captured"),
+                                          run.records)
+        for key, rate in fitted.items():
             if key not in rates or calibrate.better(rate, rates[key]):
                 rates[key] = rate
     return rates
@@ -125,6 +132,8 @@ def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool,
 
     estimates = [calibrate.estimate(s.workload, p.params, rates or {}, p.trace) for p in planned]
     seconds = [e.seconds for e in estimates]
+    start = (rates or {}).get(calibrate.run_start_key(s.workload))
+    once = start.startup_s if start is not None and planned else 0.0
     if table:
         rows = [[p.order, p.config_id, *p.config.values(), p.trial, p.trace,
                  runner.format_duration(e.seconds), e.how if e.source is None else f"{e.how} ({e.source})"]
@@ -145,9 +154,10 @@ def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool,
     print(f"{s.name} (profile {s.profile}): {len(planned) // max(1, configs)} trial(s) x {configs} "
           f"configs = {len(planned)} trials"
           f"{' (traced ones included)' if any(p.trace != 'none' for p in planned) else ''}; estimated "
-          f"{runner.format_duration(sum(seconds))} wall, {device_hours:.2f} {unit}. "
-          + _provenance(estimates))
-    return sum(seconds), device_hours
+          f"{runner.format_duration(sum(seconds) + once)} wall"
+          f"{f' (its one-off start {once:.0f} s, measured, included)' if start is not None else ''}, "
+          f"{device_hours:.2f} {unit}. " + _provenance(estimates))
+    return sum(seconds) + once, device_hours
 
 
 def _print_budget(specs: list[Spec], traced: list[int], paths: list[Path], rates: dict[str, Any],
@@ -163,10 +173,11 @@ def _print_budget(specs: list[Spec], traced: list[int], paths: list[Path], rates
     folder = beside if (beside / claims.FILE_NAME).is_file() else claims.default_file().parent
     found = [folder / name for name in (claims.FILE_NAME, claims.QUESTIONS_FILE)]
     claim_list = [c for path in found if path.is_file() for c in claims.load(path)]
-    experiments = [budget.experiment_of(s, claim_list, n) for s, n in zip(specs, traced, strict=True)]
+    experiments = [budget.experiment_of(s, claim_list, n, s.trace)
+                   for s, n in zip(specs, traced, strict=True)]
 
-    def estimate(workload: str, settings: Any) -> float:
-        return calibrate.estimate(workload, settings, rates).seconds
+    def estimate(workload: str, settings: Any, trace: str) -> float:
+        return calibrate.estimate(workload, settings, rates, trace).seconds
 
     chosen = budget.fit(experiments, seconds, estimate)
     full = budget.fit(experiments, float("inf"), estimate)
@@ -183,15 +194,23 @@ def _print_budget(specs: list[Spec], traced: list[int], paths: list[Path], rates
         print(f"  {e.name}: {choice.trials} trial(s) x {len(choice.configs)} configs"
               f"{f', {choice.epochs} epochs' if choice.epochs is not None else ''}, "
               f"{format_duration(choice.seconds(estimate))}: {'; '.join(lost[e.name]) or 'nothing given up'}")
-    for claim in claim_list:
-        where = [c.experiment.name for c in chosen.choices if claim.id in c.experiment.claims]
-        gone = [f"{name}: {'; '.join(lost[name])}" for name in where if lost[name]]
-        print(f"  {claim.id}: {' | '.join(gone) if gone else 'nothing given up'}"
-              f"{'' if where else ' (no experiment of this plan reads it)'}")
+    _print_claims_given_up(chosen.choices, claim_list)
     if save is not None:
         budget.save_plan(budget.plan_document(chosen, text), save)
         print(f"budget plan saved to {save} (multicard run ... --budget-plan {save})")
     return 0
+
+
+def _print_claims_given_up(choices: tuple[Any, ...], claim_list: list[Any]) -> None:
+    """Per claim, what the experiments it reads gave up (dropped configs are none it reads)."""
+    from multicard import budget
+
+    lost = {c.experiment.name: budget.given_up(c, by_claims=True) for c in choices}
+    for claim in claim_list:
+        where = [c.experiment.name for c in choices if claim.id in c.experiment.claims]
+        gone = [f"{name}: {'; '.join(lost[name])}" for name in where if lost[name]]
+        print(f"  {claim.id}: {' | '.join(gone) if gone else 'nothing given up'}"
+              f"{'' if where else ' (no experiment of this plan reads it)'}")
 
 
 def _estimate_json(found: Any) -> dict[str, Any]:

@@ -182,6 +182,19 @@ CASES: dict[str, tuple[Case, str]] = {
         lambda t: ["topo", a_file(t, "n.txt", ("available: 1 nodes (0)\nnode 0 cpus: 0\nnode distances:\n"
                                                "node " + " ".join(map(str, range(5000))) + "\n").encode())],
         "beyond any machine's 4096 nodes"),
+    "--save-calibration without --calibrate": (
+        lambda t: ["plan", spec_with(t), "--save-calibration", str(t / "c.json")], "needs --calibrate RUN"),
+    "--save-budget without --budget": (
+        lambda t: ["plan", spec_with(t), "--save-budget", str(t / "b.json")], "needs --budget DURATION"),
+    "--json with --budget": (lambda t: ["plan", spec_with(t), "--json", "--budget", "1h"], "(use one)"),
+    "--budget 1h30": (lambda t: ["plan", spec_with(t), "--budget", "1h30"], "1h30m, not 1h30"),
+    "--trials beside --budget-plan": (
+        lambda t: ["run", spec_with(t), "--trials", "2", "--budget-plan", a_file(t, "b.json", b"{}")],
+        "the budget plan sets the trials"),
+    "--budget-plan without this run": (
+        lambda t: ["plan", spec_with(t), "--budget-plan", a_file(t, "b.json", b'{"duration": "1h", '
+                                                                             b'"experiments": {}}')],
+        "no entry for"),
     "topo on an absurd node count": (
         lambda t: ["topo", a_file(t, "n.txt", b"available: 1 nodes (0)\nnode 99999 cpus: 0\n")],
         "NUMA node 99999 is beyond"),

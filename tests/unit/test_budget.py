@@ -19,7 +19,7 @@ def experiment(name: str, configs: int, trials: int = 5, min_ok: int = 3, epochs
                       frozenset(cid for cid, _, _ in made[:configs if claimed is None else claimed]), floor)
 
 
-def per_epoch(workload: str, settings: dict) -> float:
+def per_epoch(workload: str, settings: dict, trace: str = "none") -> float:
     return 10.0 * settings["epochs"]  # a trial: 10 s per epoch
 
 
@@ -57,6 +57,13 @@ def test_profiled_trials_count_but_are_never_cut() -> None:
                         traced=3)
     assert budget.fit([traced], 1e9, per_epoch).seconds == 8 * 200.0
     assert budget.fit([traced], 1400.0, per_epoch).choices[0].trials == 4  # (4 + 3) x 200 s
+    profiled = Experiment("t", "t", "vision", 5, 3, (("t0", {}, {"epochs": 20}),), frozenset({"t0"}), 2,
+                          traced=3, trace="nsys")
+
+    def slower_traced(workload: str, settings: dict, trace: str) -> float:
+        return per_epoch(workload, settings) * (2.0 if trace == "nsys" else 1.0)
+
+    assert budget.fit([profiled], 1e9, slower_traced).seconds == 5 * 200.0 + 3 * 400.0
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("24h", 86400), ("1h30m", 5400), ("90m", 5400),
@@ -65,7 +72,7 @@ def test_durations(text: str, seconds: float) -> None:
     assert budget.parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "soon", "0h", "-3h", "24 hours"])
+@pytest.mark.parametrize("text", ["", "soon", "0h", "-3h", "24 hours", "1h30"])
 def test_a_duration_that_is_not_one_is_bad_input(text: str) -> None:
     with pytest.raises(InputError, match="--budget"):
         budget.parse_duration(text)
@@ -93,7 +100,7 @@ def test_epochs_are_halved_in_the_costliest_experiment_first() -> None:
 def saved_plan(tmp_path: Path, duration: str, paths: list[tuple[Path, str]]) -> Path:
     claim_list = claims.load(EXPERIMENTS / "claims.toml")
     experiments = [budget.experiment_of(spec.load(p, profile), claim_list) for p, profile in paths]
-    chosen = budget.fit(experiments, budget.parse_duration(duration), lambda w, s: 60.0 * s["epochs"])
+    chosen = budget.fit(experiments, budget.parse_duration(duration), lambda w, s, t: 60.0 * s["epochs"])
     plan_file = tmp_path / "budget.json"
     budget.save_plan(budget.plan_document(chosen, duration), plan_file)
     return plan_file

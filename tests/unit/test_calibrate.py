@@ -33,16 +33,17 @@ def test_rates_are_the_mean_of_ok_timing_trials_and_their_start_up() -> None:
               ({**CPU, "precision": "fp64"}, record(20.0, 12.8, 20.0))]
     rates = calibrate.fit("vision", [("run-a", trials)])
     mine = rates[calibrate.rate_key("vision", CPU)]
-    # 256 images each: 2.56 s and 1.83 s, a mean of 2.195 s, i.e. 116.6 images/s (not 120)
+    # 256 images each in 2.56 s and 1.83 s (the rate is the trial's work over its timed part, not
+    # its throughput metric): a mean of 2.195 s, i.e. 116.6 images/s, not the mean rate 120
     assert (mine.trials, mine.source) == (2, "run-a")
-    assert mine.per_s == pytest.approx(2 / (1 / 100.0 + 1 / 140.0))
+    assert mine.per_s == pytest.approx(256 / 2.195)
     assert mine.startup_s == pytest.approx(((10.0 - 2.56) + (9.0 - 1.83)) / 2)
     found = calibrate.estimate("vision", CPU, rates)
     assert found.how == "measured" and found.source == "run-a, 2 trial(s)"
     assert found.seconds == pytest.approx(mine.startup_s + 256 / mine.per_s)
     # a profiled trial has its own rate: the nsys one took 50 s of training and 10 s else
     traced = calibrate.estimate("vision", CPU, rates, trace="nsys")
-    assert traced.seconds == pytest.approx(10.0 + 256 / 5.0) and traced.source == "run-a, 1 trial(s)"
+    assert traced.seconds == pytest.approx(60.0) and traced.source == "run-a, 1 trial(s)"
     assert calibrate.estimate("vision", CPU, rates, trace="torch").how == "guessed"
     # more work of the same key is measured too; another layout, GPU count or worker count is not
     assert calibrate.estimate("vision", {**CPU, "epochs": 20, "train_subset": 512}, rates).how == "measured"
@@ -52,10 +53,17 @@ def test_rates_are_the_mean_of_ok_timing_trials_and_their_start_up() -> None:
 
 
 def test_the_runners_time_between_trials_is_start_up_and_a_skipped_key_costs_its_skip() -> None:
-    first = {**record(100.0, 2.0, 10.0), "started_unix": 1000.0}
-    warmed = {**record(100.0, 2.0, 10.0), "started_unix": 1019.0}  # 9 s after the first ended
-    skipped = {"status": "skipped", "wall_s": 0.0, "started_unix": 1029.5}  # 0.5 s after
+    first = {**record(100.0, 2.0, 10.0), "started_unix": 1000.0, "order": 0}
+    warmed = {**record(100.0, 2.0, 10.0), "started_unix": 1019.0, "order": 1}  # 9 s after the first
+    skipped = {"status": "skipped", "wall_s": 0.0, "started_unix": 1029.5, "order": 2}  # 0.5 s after
     assert calibrate.gaps([warmed, first, skipped]) == [9.0, 0.0, 0.5]
+    # a stop and a resume between two trials is no preparation: an interrupted one before, or a
+    # trial of the plan missing (killed with the runner), and the retry of a trial follows it
+    stopped = {**first, "status": "interrupted"}
+    resumed = {**record(100.0, 2.0, 10.0), "started_unix": 9000.0, "order": 3}
+    retried = {**record(100.0, 2.0, 10.0), "started_unix": 9011.0, "order": 3}
+    assert calibrate.gaps([stopped, warmed, resumed, retried]) == [0.0, 0.0, 0.0, 1.0]
+    assert calibrate.run_start(990.0, [warmed, first]) == 10.0 and calibrate.run_start(None, [first]) is None
     local = {**CPU, "numa_policy": "local"}
     rates = calibrate.fit("vision", [("run", [(CPU, first), (CPU, warmed), (local, skipped)])])
     assert rates[calibrate.rate_key("vision", CPU)].startup_s == pytest.approx((8.0 + 17.0) / 2)
@@ -82,7 +90,9 @@ def test_llm_rates_are_tokens_per_gpu_and_the_rest_of_the_launch_is_start_up() -
     rates = calibrate.fit("llm", [("llm-run", [(settings, done)])])
     found = calibrate.estimate("llm", settings, rates)
     tokens = 10 * 2 * 128 * int(settings["gradient_accumulation_steps"])
-    assert found.seconds == pytest.approx((20.0 - 5.0) + tokens / 512.0) and found.how == "measured"
+    # its timed part is 10 steps x 0.5 s, whatever torchtune's tokens/s (non-padding tokens) says
+    assert rates[calibrate.rate_key("llm", settings)].per_s == pytest.approx(tokens / 5.0)
+    assert found.seconds == pytest.approx(20.0) and found.how == "measured"
 
 
 def test_a_calibration_file_round_trips_and_a_wrong_one_is_bad_input(tmp_path: Path) -> None:

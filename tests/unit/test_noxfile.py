@@ -67,3 +67,8 @@ def test_reproduce_with_a_budget_fits_or_says_no_plan_fits(tmp_path: Path) -> No
     assert "was planned for --budget 24h, not 48h" in other.stdout + other.stderr
     same = reproduce("--budget", "1d", "--out", str(started))  # the same duration, spelled otherwise
     assert same.returncode == 0 and "resuming with the plan in" in same.stdout + same.stderr
+    unbudgeted = tmp_path / "unbudgeted"
+    (unbudgeted / "table2_precision").mkdir(parents=True)
+    (unbudgeted / "table2_precision" / "spec.toml").write_text("")
+    late = reproduce("--budget", "24h", "--out", str(unbudgeted))
+    assert late.returncode != 0 and "started without --budget" in late.stdout + late.stderr

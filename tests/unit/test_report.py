@@ -297,3 +297,25 @@ def test_an_llm_experiment_gets_its_time_and_energy_per_token_figure(tmp_path: P
     assert (run / "figures" / "table5_llm_pin_memory_energy.png").stat().st_size > 1000
     assert "![time and GPU energy per token](figures/table5_llm_pin_memory_energy.png)" in (
         run / "REPORT.md").read_text()
+
+
+def test_a_collections_budget_plan_is_said_and_a_broken_one_is_named(tmp_path: Path) -> None:
+    from multicard.report import document
+
+    planned, broken, plain = tmp_path / "planned", tmp_path / "broken", tmp_path / "plain"
+    for d in (planned, broken, plain):
+        d.mkdir()
+    (planned / "budget.json").write_text(json.dumps({"duration": "24h", "experiments": {
+        "figure6_loaders@loader_only": {"trials": 3, "epochs": None, "configs": [],
+                                        "given_up": ["16 of 16 configs that no claim reads dropped"]},
+        "table2_precision@paper": {"trials": 5, "epochs": None, "configs": None, "given_up": []}}}))
+    (broken / "budget.json").write_text("[1, 2]")
+    section = document._budget_section([planned, broken, plain])
+    assert "`planned` was planned to fit `--budget 24h`" in section
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in section.splitlines() if line.startswith("| ") and "@" in line}
+    assert rows == {"figure6_loaders@loader_only": ["3", "none: not run", "unchanged",
+                                                    "16 of 16 configs that no claim reads dropped"],
+                    "table2_precision@paper": ["5", "all", "unchanged", "nothing"]}
+    assert "`broken/budget.json` is not a budget plan" in section
+    assert document._budget_section([plain]) == ""

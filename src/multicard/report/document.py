@@ -241,24 +241,29 @@ def _budget_section(dirs: list[Path]) -> str:
     every config was dropped has no run and would otherwise go unsaid."""
     from multicard.budget import PLAN_FILE
 
-    rows = []
+    parts = []
     for d in dirs:
         try:
             plan = json.loads((d / PLAN_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue  # no budget (or an unreadable plan: the runs' spec.toml still say theirs)
-        for name, part in plan.get("experiments", {}).items():
-            configs = part.get("configs")
-            kept = "all" if configs is None else ("none: not run" if not configs else str(len(configs)))
-            rows.append([name, part.get("trials"), kept, part.get("epochs") or "unchanged",
-                         "; ".join(part.get("given_up") or []) or "nothing"])
-        duration = plan.get("duration")
-    if not rows:
-        return ""
-    table = tabulate(rows, headers=["experiment", "trials per config", "configs kept", "epochs", "given up"],
-                     tablefmt="github")
-    return (f"## Budget\n\nPlanned to fit `--budget {duration}` (`{PLAN_FILE}`); a smaller run than "
-            f"the paper's, and what each experiment gave up:\n\n{table}\n")
+            rows = [_budget_row(name, part) for name, part in plan["experiments"].items()]
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            parts.append(f"`{d.name}/{PLAN_FILE}` is not a budget plan ({exc}); each run's spec.toml "
+                         "still says what it kept.")
+            continue
+        table = tabulate(rows, headers=["experiment", "trials per config", "configs kept", "epochs",
+                                        "given up"], tablefmt="github")
+        parts.append(f"`{d.name}` was planned to fit `--budget {plan.get('duration')}` (`{PLAN_FILE}`): "
+                     f"a smaller run than the paper's, and what each experiment gave up:\n\n{table}")
+    return "## Budget\n\n" + "\n\n".join(parts) + "\n" if parts else ""
+
+
+def _budget_row(name: str, part: dict[str, Any]) -> list[Any]:
+    configs = part["configs"]
+    kept = "all" if configs is None else ("none: not run" if not configs else str(len(configs)))
+    lost = "; ".join(part["given_up"]) or "nothing"
+    return [name, part["trials"], kept, part["epochs"] or "unchanged", lost]
 
 
 def _budget_lines(spec: Spec) -> list[str]:
