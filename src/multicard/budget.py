@@ -155,7 +155,12 @@ def _fewer_epochs(choices: list[Choice], estimate: Seconds) -> list[Choice] | No
 
 
 def _fixed_epochs(experiment: Experiment) -> int | None:
-    found = {s.get("epochs") for _, _, s in experiment.configs}
+    return _one_epoch_count(experiment.configs)
+
+
+def _one_epoch_count(configs: Iterable[tuple[str, dict[str, Any], dict[str, Any]]]) -> int | None:
+    """The epochs every config shares, or None (they differ, or the workload has none)."""
+    found = {s.get("epochs") for _, _, s in configs}
     return int(next(iter(found))) if len(found) == 1 and None not in found else None
 
 
@@ -176,11 +181,9 @@ def experiment_of(spec: Any, claim_list: Iterable[Any], traced: int = 0, trace: 
     wanted = read + [b for f in read if (b := specmod.baseline_config(spec, f)) is not None]
     claimed = frozenset(cid for cid, factors, _ in configs if factors in wanted)
     metrics = {m for c in mine for m in _metrics(c)}
-    epochs = {s.get("epochs") for _, _, s in configs}
-    fixed = int(next(iter(epochs))) if len(epochs) == 1 and None not in epochs else None
+    floor = epoch_floor(spec.workload, _one_epoch_count(configs), metrics)
     return Experiment(f"{spec.name}@{spec.profile}", spec.name, spec.workload, spec.trials, spec.min_ok,
-                      configs, claimed, epoch_floor(spec.workload, fixed, metrics), tuple(c.id for c in mine),
-                      traced, trace)
+                      configs, claimed, floor, tuple(c.id for c in mine), traced, trace)
 
 
 def _metrics(claim: Any) -> set[str]:
@@ -253,17 +256,15 @@ def load_entry(path: Path, name: str) -> Entry:
         raise InputError(f"{path}: not a budget plan ({exc})") from None
 
 
-def budgeted_spec(path: Path, profile: str, settings: Mapping[str, Any], trials: int | str | None,
-                  plan_file: Path) -> Any:
+def budgeted_spec(path: Path, profile: str, settings: Mapping[str, Any], plan_file: Path) -> Any:
     """The spec at `path`@`profile` as the budget plan in `plan_file` chose it: its trials, its
     epochs (fixed like `--set epochs=N`) and the configs kept."""
     from multicard import spec as specmod
 
-    loaded = specmod.with_trials(specmod.load(path, profile, settings), trials)
+    loaded = specmod.load(path, profile, settings)
     entry = load_entry(plan_file, f"{loaded.name}@{loaded.profile}")
     if entry.epochs is not None:
-        loaded = specmod.with_trials(specmod.load(path, profile, {**settings, "epochs": entry.epochs}),
-                                     trials)
+        loaded = specmod.load(path, profile, {**settings, "epochs": entry.epochs})
     loaded = specmod.with_trials(loaded, entry.trials)
     # epochs that became fixed leave the factors the plan named the configs by
     kept = None if entry.configs is None else tuple(

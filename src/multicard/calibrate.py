@@ -4,10 +4,11 @@
 file saved before) and fits, per rate key (every setting of the trial except how much work it
 does and where its files are: a rate measured at 1 GPU says nothing of 4, nor DataLoader workers
 of DALI; a profiled trial's rate is apart from the timing trials'):
-- vision: training images/s of one rank (`throughput_samples_s` / ranks; on CPU, where the ranks
-  of a node share its cores, of the node);
-- LLM: training tokens/s per GPU (`tokens_per_s_per_gpu`);
-and, for both, the start-up seconds of a trial: its wall time less its timed part (launch, data
+- vision: training images/s of one rank (on CPU, where the ranks of a node share its cores, of
+  the node);
+- LLM: training tokens/s per GPU;
+each a trial's own work (`work`) over its timed seconds (vision `train_time_s`, LLM median step
+time x steps), and, for both, the start-up seconds of a trial: its wall time less its timed part (launch, data
 preparation, warm-up and evaluation) plus the runner's time before its clock started (the gap
 since the trial before ended: a page cache warmed or dropped, placement checked). A planned trial
 whose key was measured is estimated as start-up + its own amount of work / the rate, and marked
@@ -41,7 +42,7 @@ NOT_KEYED = {"vision": frozenset({"epochs", "max_steps", "train_subset", "seed"}
 
 @dataclass(frozen=True)
 class Rate:
-    per_s: float  # images/s of one rank, or of a CPU node (vision); tokens/s per GPU (LLM)
+    per_s: float  # work() per timed second: images of one rank or CPU node (vision), tokens per GPU (LLM)
     startup_s: float  # mean wall time of a trial outside its timed work
     trials: int  # ok trials behind both (skipped ones where `skipped`)
     source: str  # the run they came from

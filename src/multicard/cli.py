@@ -81,7 +81,7 @@ def _load_spec(path: Path, profile: str, settings: dict[str, Any], args: argpars
         if args.trials is not None:
             raise InputError("--trials and --budget-plan: the budget plan sets the trials (plan it "
                              "with --trials N --budget D instead)")
-        return budget.budgeted_spec(path, profile, settings, args.trials, args.budget_plan)
+        return budget.budgeted_spec(path, profile, settings, args.budget_plan)
     return spec.with_trials(spec.load(path, profile, settings), args.trials)
 
 

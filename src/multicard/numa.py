@@ -316,7 +316,7 @@ def _nearest(topology: Topology, origin: int, candidates: list[int]) -> int:
 
 def numactl_args(policy: str, topology: Topology, home: int | None) -> list[str]:
     """The numactl command prefix for a rank whose home node is `home` ([] for `none`)."""
-    if policy == "none" or policy in TORCHRUN_POLICIES:  # torchrun binds these itself
+    if policy == "none":
         return []
     if policy == "interleave":
         # Only nodes with CPUs and memory: `all` would also spread pages over memory-only nodes
@@ -337,7 +337,8 @@ def numactl_args(policy: str, topology: Topology, home: int | None) -> list[str]
         row = topology.distances.get(home, {})
         target = max(others, key=lambda n: (row.get(n, 0), -n))
     else:
-        raise InputError(f"numa_policy: expected one of {', '.join(POLICIES)}, got {policy!r}")
+        raise InputError(f"numa_policy: expected one of numactl's {', '.join(NUMACTL_POLICIES)} "
+                         f"(torchrun binds its own), got {policy!r}")
     return ["numactl", f"--cpunodebind={target}", f"--membind={_memory_for(topology, target, home)}"]
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from multicard.errors import InputError
+from multicard.numa import POLICIES
 from multicard.precision import PRECISIONS
 
 Value = bool | int | float | str
@@ -105,8 +106,7 @@ VISION: dict[str, Param] = {
     "numa_policy": Param(str, "none", "per-rank binding: none, local, remote, interleave (numactl, "
                          "numa.py), or torchrun's own --numa-binding: torchrun_node, torchrun_socket, "
                          "torchrun_exclusive",
-                         choices=("none", "local", "remote", "interleave", "torchrun_node",
-                                  "torchrun_socket", "torchrun_exclusive")),
+                         choices=POLICIES),
     "numa_evidence": Param(bool, False, "record numa_maps and CPU lists of every rank and worker "
                            "mid-epoch (placement metrics)"),
     "numa_counters": Param(bool, False, "count far and near DRAM traffic of every rank and its "

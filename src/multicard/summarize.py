@@ -487,6 +487,6 @@ def _compared(effect: pd.DataFrame, base: str) -> str:
     if {"above", "below"} <= where:
         return f"faster than {base} at some GPU counts, slower at others"
     if where & {"above", "below"}:
-        faster = "faster" if "above" in where else "slower"
-        return f"{faster} than {base} at some GPU counts, no different at others"
+        side = "faster" if "above" in where else "slower"
+        return f"{side} than {base} at some GPU counts, no different at others"
     return f"no different from {base} (every CI contains 1)"

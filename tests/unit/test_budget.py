@@ -111,7 +111,7 @@ def test_a_saved_plan_is_what_the_run_gets_and_its_spec_toml_keeps_it(tmp_path: 
     # claimed configs: table2 16 x 5 trials x 20 min = 26.7 h, figure6 10 x 5 x 20 min = 16.7 h
     plan_file = saved_plan(tmp_path, "36h", [(table2, "paper"), (figure6, "paper")])
     full = spec.load(figure6)
-    chosen = budget.budgeted_spec(figure6, "paper", {}, None, plan_file)
+    chosen = budget.budgeted_spec(figure6, "paper", {}, plan_file)
     entry = budget.load_entry(plan_file, "figure6_loaders@paper")
     assert entry.epochs == 10 and chosen.fixed["epochs"] == 10 and full.fixed["epochs"] == 20
     assert len(spec.configs(chosen)) == len(entry.configs or ()) < len(spec.configs(full))
@@ -123,7 +123,7 @@ def test_a_saved_plan_is_what_the_run_gets_and_its_spec_toml_keeps_it(tmp_path: 
     again = spec.load(written)
     assert [c for c, _, _ in spec.configs(again)] == [c for c, _, _ in spec.configs(chosen)]
     assert again.budget == chosen.budget
-    kept = budget.budgeted_spec(table2, "paper", {}, None, plan_file)  # C3 reads accuracy: 20 epochs
+    kept = budget.budgeted_spec(table2, "paper", {}, plan_file)  # C3 reads accuracy: 20 epochs
     assert kept.fixed["epochs"] == 20
     assert budget.load_entry(plan_file, "table2_precision@paper").epochs is None
 
@@ -131,7 +131,7 @@ def test_a_saved_plan_is_what_the_run_gets_and_its_spec_toml_keeps_it(tmp_path: 
 def test_a_plan_without_this_run_or_not_a_plan_is_bad_input(tmp_path: Path) -> None:
     plan_file = saved_plan(tmp_path, "300h", [(EXPERIMENTS / "table2_precision.toml", "paper")])
     with pytest.raises(InputError, match="no entry for table3_pin_memory@paper"):
-        budget.budgeted_spec(EXPERIMENTS / "table3_pin_memory.toml", "paper", {}, None, plan_file)
+        budget.budgeted_spec(EXPERIMENTS / "table3_pin_memory.toml", "paper", {}, plan_file)
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(InputError, match="not a budget plan"):
         budget.load_entry(tmp_path / "bad.json", "x@paper")
