@@ -59,11 +59,27 @@ def stamp() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
+# The two tiers, which together hold every test once: the fast one is every unit test and one
+# end-to-end test per real component (marked `e2e`); the slow one is every other test that starts
+# real processes. GPU tests are in either and skip without CUDA.
+FAST_TIER = "not slow or e2e"
+SLOW_TIER = "slow and not e2e"
+
+
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
-    """Unit and integration tests on CPU (GPU tests skip without CUDA). Extra args go to pytest."""
+    """The fast tier: unit tests and one end-to-end test per real component (a few minutes on
+    2 cores). Extra args go to pytest instead of the tier's selection."""
     python = dev_python(session)
-    session.run(python, "-m", "pytest", *(session.posargs or ["tests"]))
+    session.run(python, "-m", "pytest", *(session.posargs or ["-m", FAST_TIER, "tests"]))
+
+
+@nox.session(name="tests-slow", python=False)
+def tests_slow(session: nox.Session) -> None:
+    """Every test the fast tier leaves out (real trials, signals, multi-node, the device check);
+    `nox -s tests tests-slow` runs the whole suite once. Extra args go to pytest as for `tests`."""
+    python = dev_python(session)
+    session.run(python, "-m", "pytest", *(session.posargs or ["-m", SLOW_TIER, "tests"]))
 
 
 @nox.session(python=False)
@@ -174,12 +190,13 @@ def device_check(session: nox.Session) -> None:
 def container(session: nox.Session) -> None:
     """Host side, podman as root: build a stand-in base and the Dockerfile on it, run smoke and the
     CPU tests inside (no network, read-only root, uid 1001), verify on the host, build apptainer.def
-    and run its %test (containers/podman_build.py). Extra args go to pytest inside the image."""
+    and run its %test (containers/podman_build.py). Inside, the fast tier of the tests; extra args
+    go to pytest there instead."""
     if IN_CONTAINER:
         session.error("nox -s container builds images: run it on the host, not inside one")
     python = dev_python(session)
-    session.run(python, str(ROOT / "containers" / "podman_build.py"), *session.posargs,
-                terminate_timeout=STOP_WAIT_S)
+    session.run(python, str(ROOT / "containers" / "podman_build.py"),
+                *(session.posargs or ["-m", FAST_TIER, "tests"]), terminate_timeout=STOP_WAIT_S)
 
 
 @nox.session(python=False)

@@ -360,11 +360,12 @@ def finish(out: Path, done: list[str], rows: list[dict[str, Any]], loops: dict[s
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The check; bad input and stop requests end it with one line, as `multicard` does."""
+def main(argv: list[str] | None = None, clock: Callable[[], float] = time.monotonic) -> int:
+    """The check; bad input and stop requests end it with one line, as `multicard` does.
+    `clock` (seconds) is what the budget is spent against."""
     try:
         with stop_on_signals():
-            return check(argv)
+            return check(argv, clock)
     except InputError as exc:
         print(f"device_check: error: {exc}", file=sys.stderr)
         return 2
@@ -373,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         return stop.exit_status
 
 
-def check(argv: list[str] | None) -> int:
+def check(argv: list[str] | None, clock: Callable[[], float] = time.monotonic) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its estimate")
@@ -400,7 +401,7 @@ def check(argv: list[str] | None) -> int:
     if args.dry_run:
         print("--dry-run: nothing started")
         return 0
-    started = time.monotonic()
+    started = clock()
     out.mkdir(parents=True, exist_ok=True)
     (out / "env.json").write_text(json.dumps(artifact.capture_env(ROOT / "data"), indent=1))
     # the reference loops first: the ratios this check exists for survive a run cut short
@@ -410,7 +411,7 @@ def check(argv: list[str] | None) -> int:
     skipped: dict[str, str] = {}
     for name, s in plan.items():
         need = part_seconds(s, measured_per_trial_s(out, done))
-        left = args.budget_s - (time.monotonic() - started)
+        left = args.budget_s - (clock() - started)
         if need > left:
             skipped[name] = (f"needs about {runner.format_duration(need)}, "
                              f"{runner.format_duration(max(0.0, left))} of the budget left")
@@ -431,7 +432,7 @@ def check(argv: list[str] | None) -> int:
     print(f"step clock vs wall clock: largest deviation {_pct(summary['step_clock_vs_wall_max'])}; "
           f"TF32 as set: {summary['tf32_flags_as_set']}")
     print(f"device check: {summary['ok']}/{summary['trials']} trials ok, parts skipped: "
-          f"{', '.join(skipped) or 'none'}, in {runner.format_duration(time.monotonic() - started)}; {out}")
+          f"{', '.join(skipped) or 'none'}, in {runner.format_duration(clock() - started)}; {out}")
     # passed only when every part ran and every check held
     passed = summary["step_clock_within_tolerance"] and summary["tf32_flags_as_set"] is True \
         and not summary["not_ok"] and not skipped

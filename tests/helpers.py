@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import tomli_w
@@ -19,6 +21,15 @@ TINY_FIXED = {
     "device": "cpu", "image_size": 32, "epochs": 2, "max_steps": 3, "batch_size": 8,
     "num_workers": 0, "warmup_steps": 1, "train_subset": 256, "test_subset": 64,
 }
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script that is not in a package (noxfile.py, benchmarks/*.py) as a module."""
+    loader = importlib.util.spec_from_file_location(name, path)
+    assert loader is not None and loader.loader is not None
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module
 
 
 def write_spec(directory: Path, name: str = "tiny", fixed: dict | None = None,

@@ -17,6 +17,7 @@ TINY = {"device": "cpu", "model": "tiny", "data": "synthetic", "dtype": "fp32", 
         "max_steps": 5, "warmup_steps": 1}
 
 
+@pytest.mark.e2e  # the fast tier's `tune run` trial
 def test_lora_recipe_run_is_parsed_from_its_own_metric_log(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()

@@ -37,6 +37,7 @@ def b_fixed(**extra: object) -> dict:
             "test_subset": 64, **extra}
 
 
+@pytest.mark.e2e  # the fast tier's DALI CPU loader trial
 def test_dali_and_synthetic_trials_on_two_ranks(tmp_path: Path, data_root: Path) -> None:
     path = write_spec(tmp_path, fixed=b_fixed(gpus=2), grid={"loader": ["dali", "synthetic"]})
     outcome = runner.run(spec.load(path), tmp_path / "run", data_dir=data_root, echo=lambda _: None)

@@ -64,6 +64,7 @@ def argv_value(argv: list[str], flag: str) -> str:
     return next(word.split("=", 1)[1] for word in argv if word.startswith(flag + "="))
 
 
+@pytest.mark.e2e  # the fast tier's multi-node trial under the stand-in srun
 def test_two_consecutive_trials_meet_on_the_same_port(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 2, "timeout_s": 300})
     out, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"

@@ -30,11 +30,12 @@ def trial_processes(marker: str) -> list[int]:
     return pids
 
 
+@pytest.mark.e2e  # the fast tier's kill-and-resume
 def test_sigkill_then_resume_runs_each_trial_once(tmp_path: Path) -> None:
     path = write_spec(tmp_path, fixed={"device": "cpu", "image_size": 32, "epochs": 1,
                                        "max_steps": 2, "batch_size": 8, "num_workers": 0,
                                        "warmup_steps": 0, "train_subset": 128, "test_subset": 32},
-                      grid={"precision": ["fp32", "bf16"]}, trials={"count": 2, "timeout_s": 300})
+                      grid={"precision": ["fp32", "bf16"]}, trials={"count": 1, "timeout_s": 300})
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "multicard", "run", str(path), "--out", str(out)]
     first = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -54,14 +55,14 @@ def test_sigkill_then_resume_runs_each_trial_once(tmp_path: Path) -> None:
         time.sleep(0.5)
     assert trial_processes(str(out)) == []
     done_before = len(store.read(out / "trials.jsonl"))
-    assert done_before < 4
+    assert done_before < 2
 
     subprocess.run(argv, cwd=ROOT, check=True, capture_output=True)
     records = store.read(out / "trials.jsonl")
     ok = Counter((r["config_id"], r["trial"]) for r in records if r["status"] == "ok")
     planned = {(p.config_id, p.trial) for p in spec.plan(spec.load(path))}
     assert set(ok) == planned and set(ok.values()) == {1}
-    assert len(records) == 4  # nothing ran twice
+    assert len(records) == 2  # nothing ran twice
     # a killed attempt's directory is kept (no data lost) beside its retry's
     recorded = {a.split("/")[1] for r in records for a in r["artifacts"]}
     on_disk = {p.name for p in (out / "raw").iterdir()}

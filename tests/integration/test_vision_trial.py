@@ -11,7 +11,8 @@ import pytest
 from multicard import runner, spec, store
 from tests.helpers import DATA, TINY_FIXED, write_spec
 
-pytestmark = pytest.mark.slow
+# the fast tier's 2-rank gloo torchrun trial (every test here reads the one trial)
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 @pytest.fixture(scope="module")

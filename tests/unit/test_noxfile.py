@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from multicard import cost, spec
-from tests.helpers import EXPERIMENTS, ROOT
+from tests.helpers import EXPERIMENTS, ROOT, load_script
 
-
-def load_noxfile() -> ModuleType:
-
-    loader = importlib.util.spec_from_file_location("noxfile", ROOT / "noxfile.py")
-    assert loader is not None and loader.loader is not None
-    module = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(module)
-    return module
-
-
-NOXFILE = load_noxfile()
+NOXFILE = load_script(ROOT / "noxfile.py", "noxfile")
 
 
 def test_reproduce_runs_every_experiment_and_every_numa_profile_once() -> None:
@@ -72,3 +60,13 @@ def test_reproduce_with_a_budget_fits_or_says_no_plan_fits(tmp_path: Path) -> No
     (unbudgeted / "table2_precision" / "spec.toml").write_text("")
     late = reproduce("--budget", "24h", "--out", str(unbudgeted))
     assert late.returncode != 0 and "started without --budget" in late.stdout + late.stderr
+
+
+@pytest.mark.parametrize("slow", [False, True])
+@pytest.mark.parametrize("e2e", [False, True])
+def test_the_two_test_tiers_take_every_test_once(slow: bool, e2e: bool) -> None:
+    # a marker expression reads as Python's boolean syntax: each kind of test is in one tier
+    marks = {"slow": slow, "e2e": e2e}
+    chosen = [eval(tier, {}, marks) for tier in (NOXFILE.FAST_TIER, NOXFILE.SLOW_TIER)]
+    assert chosen.count(True) == 1
+    assert chosen[0] == (not slow or e2e)  # the fast tier: unit tests and the end-to-end ones

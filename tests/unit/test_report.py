@@ -77,7 +77,7 @@ def test_failures_and_paper_values_are_shown(reported: Path) -> None:
     assert "test acc. (%) 97.94" in " ".join(table[("fp16", "2")])
     text = (reported / "REPORT.md").read_text()
     assert "**oom** OutOfMemoryError: CUDA out of memory" in text
-    assert "6 of 20 planned trials ok, 1 failed attempt(s)" in text
+    assert "6 of 10 planned trials ok, 1 failed attempt(s)" in text
 
 
 def test_csv_keeps_raw_numbers_and_tex_is_a_booktabs_table(reported: Path) -> None:

@@ -37,7 +37,7 @@ def test_smoke_profile_overrides_fixed_grid_and_trials() -> None:
     s = spec.load(TABLE2, "smoke")
     assert s.fixed["device"] == "cpu" and s.fixed["image_size"] == 32
     assert s.grid["gpus"] == [1, 2]
-    assert s.trials == 2
+    assert s.trials == 1
     assert max(s.grid["gpus"]) <= 2
 
 
