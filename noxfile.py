@@ -66,12 +66,17 @@ FAST_TIER = "not slow or e2e"
 SLOW_TIER = "slow and not e2e"
 
 
+def pytest_args(session: nox.Session, tier: str) -> list[str]:
+    """The session's extra args, or else the tier's selection of tests/."""
+    return list(session.posargs) or ["-m", tier, "tests"]
+
+
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
     """The fast tier: unit tests and one end-to-end test per real component (a few minutes on
     2 cores). Extra args go to pytest instead of the tier's selection."""
     python = dev_python(session)
-    session.run(python, "-m", "pytest", *(session.posargs or ["-m", FAST_TIER, "tests"]))
+    session.run(python, "-m", "pytest", *pytest_args(session, FAST_TIER))
 
 
 @nox.session(name="tests-slow", python=False)
@@ -79,7 +84,7 @@ def tests_slow(session: nox.Session) -> None:
     """Every test the fast tier leaves out (real trials, signals, multi-node, the device check);
     `nox -s tests tests-slow` runs the whole suite once. Extra args go to pytest as for `tests`."""
     python = dev_python(session)
-    session.run(python, "-m", "pytest", *(session.posargs or ["-m", SLOW_TIER, "tests"]))
+    session.run(python, "-m", "pytest", *pytest_args(session, SLOW_TIER))
 
 
 @nox.session(python=False)
@@ -196,7 +201,7 @@ def container(session: nox.Session) -> None:
         session.error("nox -s container builds images: run it on the host, not inside one")
     python = dev_python(session)
     session.run(python, str(ROOT / "containers" / "podman_build.py"),
-                *(session.posargs or ["-m", FAST_TIER, "tests"]), terminate_timeout=STOP_WAIT_S)
+                *pytest_args(session, FAST_TIER), terminate_timeout=STOP_WAIT_S)
 
 
 @nox.session(python=False)
