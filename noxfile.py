@@ -206,10 +206,18 @@ def container(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def locks(session: nox.Session) -> None:
-    """Every hashed lock of the images downloads for its image's platform and matches its hashes
-    (requirements/check_locks.py; the paper-exact lock is about 3 GB, kept under .nox/locks/)."""
+    """Every pin of the images' hashed locks: the file pip would install on that image's platform
+    has its hash in the lock, by the registry's metadata (requirements/check_locks.py; seconds)."""
     python = dev_python(session)
     session.run(python, str(ROOT / "requirements" / "check_locks.py"), *session.posargs)
+
+
+@nox.session(name="locks-download", python=False)
+def locks_download(session: nox.Session) -> None:
+    """As `locks`, but every file is downloaded and pip checks its hash (about 3 GB the first
+    time, kept under .nox/locks/)."""
+    python = dev_python(session)
+    session.run(python, str(ROOT / "requirements" / "check_locks.py"), "--download", *session.posargs)
 
 
 # The paper's experiments in the order `reproduce` runs them: (experiment, profile).

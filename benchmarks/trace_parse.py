@@ -77,16 +77,15 @@ def floor_scan(path: Path) -> None:
 
 
 def columns_scan(path: Path) -> None:
-    """SQLite alone reading every column the summary needs (the GPU breakdown needs process,
-    device and correlation of each operation), one aggregate per column, no rows returned."""
+    """SQLite alone reading every column the summary takes of each row (the GPU breakdown needs
+    each operation's timeline and correlation id), one aggregate per column, no rows returned."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    for table in TABLES:
-        query = parse._activity_query(table, {table: {row[1] for row in db.execute(
-            f"PRAGMA table_info({table})")}}, parse.BACKTRACE_EVENT_CLASS[1])
-        assert query
-        picked = query.removeprefix("SELECT ").split(" FROM ")[0].split(", ")
-        aggregates = ", ".join(f"max({c.split(' AS ')[0]})" for c in picked)
-        db.execute(f"SELECT {aggregates} FROM {query.split(' FROM ', 1)[1]}").fetchone()
+    columns = {table: {row[1] for row in db.execute(f"PRAGMA table_info({table})")} for table in TABLES}
+    for select in parse._activity_selects(columns, parse.BACKTRACE_EVENT_CLASS[1]):
+        if select.table in TABLES:
+            aggregates = ", ".join(f"max({expr})" for expr in select.columns.values())
+            where = f" WHERE {select.where}" if select.where else ""
+            db.execute(f"SELECT {aggregates} FROM {select.table}{where}").fetchone()
     db.close()
 
 

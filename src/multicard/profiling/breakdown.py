@@ -39,21 +39,60 @@ class Breakdown:
                 for k, v in parts.items()}
 
 
+@dataclass(frozen=True)
+class Ops:
+    """GPU operations of one kind (kernels, or copies and memsets) as parallel int64 arrays;
+    `timeline` is timeline_key(process, device)."""
+    start: np.ndarray
+    end: np.ndarray
+    correlation: np.ndarray
+    timeline: np.ndarray
+
+    def where(self, keep: np.ndarray) -> Ops:
+        return Ops(self.start[keep], self.end[keep], self.correlation[keep], self.timeline[keep])
+
+
+@dataclass(frozen=True)
+class Launches:
+    """The API calls that launched operations: their process, correlation id and start."""
+    process: np.ndarray
+    correlation: np.ndarray
+    start: np.ndarray
+
+    def where(self, keep: np.ndarray) -> Launches:
+        return Launches(self.process[keep], self.correlation[keep], self.start[keep])
+
+
+DEVICE_BITS = 16
+
+
+def timeline_key(process: np.ndarray | int, device: np.ndarray | int) -> np.ndarray:
+    """One int64 per (process, device): process ids fit in 24 bits, device ids in 16."""
+    return (np.asarray(process, np.int64) << DEVICE_BITS) | np.asarray(device, np.int64)
+
+
 def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The union of intervals as disjoint segments (starts, ends) in time order, and for every
     input interval (in start order) the segment it belongs to."""
-    if len(starts) == 0:
-        empty = np.array([], dtype=np.int64)
-        return empty, empty, empty
     order = np.argsort(starts, kind="stable")
-    s, e = np.asarray(starts)[order], np.asarray(ends)[order]
+    seg_starts, seg_ends, first = _sorted_union(np.asarray(starts)[order], np.asarray(ends)[order])
+    segment = np.zeros(len(order), dtype=np.int64)
+    segment[first[1:]] = 1
+    return seg_starts, seg_ends, np.cumsum(segment)
+
+
+def _sorted_union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Segments of intervals already in start order, and the index of each segment's first
+    interval. An interval that starts where the reach so far ends touches it: no gap."""
+    if not len(s):
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
     reach = np.maximum.accumulate(e)
     new = np.empty(len(s), dtype=bool)
-    new[0], new[1:] = True, s[1:] > reach[:-1]
-    segment = np.cumsum(new) - 1
-    seg_starts = s[new]
-    seg_ends = np.maximum.reduceat(e, np.flatnonzero(new))
-    return seg_starts, seg_ends, segment
+    new[0] = True
+    np.greater(s[1:], reach[:-1], out=new[1:])
+    first = np.flatnonzero(new)
+    return s[first], np.maximum.reduceat(e, first), first
 
 
 def covered(starts: np.ndarray, ends: np.ndarray) -> int:
@@ -68,27 +107,29 @@ def breakdown(kernels: pd.DataFrame, copies: pd.DataFrame, launches: pd.DataFram
     """One device's timeline. `kernels` and `copies`: start, end, correlation; `launches`:
     correlation, start (the API call that launched each operation). Correlation 0 or missing
     means "not known": CUPTI numbers correlations from 1."""
-    def column(frame: pd.DataFrame, name: str, dtype: type) -> np.ndarray:
-        return pd.to_numeric(frame[name]).to_numpy(dtype, na_value=0) if len(frame) else np.array([], dtype)
+    return timeline(_ops(kernels), _ops(copies), _launches(launches))
 
-    k_starts, k_ends = column(kernels, "start", np.int64), column(kernels, "end", np.int64)
-    starts = np.concatenate([k_starts, column(copies, "start", np.int64)])
+
+def timeline(kernels: Ops, copies: Ops, launches: Launches) -> Breakdown:
+    """One (process, device)'s breakdown from its operations and its process's launches."""
+    starts = np.concatenate([kernels.start, copies.start])
     if not len(starts):
         return Breakdown(0, 0, 0, 0, 0)
+    # each kind is usually in time order already: a stable sort then merges two runs
     order = np.argsort(starts, kind="stable")
     starts = starts[order]
-    ends = np.concatenate([k_ends, column(copies, "end", np.int64)])[order]
-    correlation = np.concatenate([column(kernels, "correlation", np.int64),
-                                  column(copies, "correlation", np.int64)])[order]
-    seg_starts, seg_ends, segment = union(starts, ends)
+    ends = np.concatenate([kernels.end, copies.end])[order]
+    seg_starts, seg_ends, first = _sorted_union(starts, ends)
+    is_kernel = order < len(kernels.start)
+    k_starts, k_ends, _ = _sorted_union(starts[is_kernel], ends[is_kernel])
+    busy = int((k_ends - k_starts).sum())
     span = int(seg_ends[-1] - seg_starts[0])
-    busy = covered(k_starts, k_ends)
     copy_only = int((seg_ends - seg_starts).sum()) - busy
     gaps = seg_starts[1:] - seg_ends[:-1]
-    # the operation that ends each gap: the first (in start order) of the next segment
-    first = np.flatnonzero(np.diff(segment)) + 1
-    launch = earliest_launch(correlation[first], column(launches, "correlation", np.int64),
-                             column(launches, "start", np.int64))
+    # the operation that ends each gap is the first of the next segment
+    after_gap = order[first[1:]]
+    correlation = np.concatenate([kernels.correlation, copies.correlation])[after_gap]
+    launch = earliest_launch(correlation, launches.correlation, launches.start)
     total_gap = int(gaps.sum())
     matched = float(gaps[~np.isnan(launch)].sum() / total_gap) if total_gap else None
     if matched is not None and matched < MIN_MATCHED:
@@ -101,13 +142,16 @@ def breakdown(kernels: pd.DataFrame, copies: pd.DataFrame, launches: pd.DataFram
 def earliest_launch(wanted: np.ndarray, correlation: np.ndarray, start: np.ndarray) -> np.ndarray:
     """For each wanted correlation id, the start of the earliest call carrying it (a trace may
     list one twice), NaN where none does or the id is 0 (unknown)."""
-    keep = (correlation > 0) & np.isin(correlation, wanted)
-    correlation, start = correlation[keep], start[keep]
-    order = np.lexsort((start, correlation))
-    correlation, start = correlation[order], start[order]
-    first = np.ones(len(correlation), dtype=bool)
-    first[1:] = correlation[1:] != correlation[:-1]
-    correlation, start = correlation[first], start[first]
+    correlation, start = np.asarray(correlation, np.int64), np.asarray(start, np.int64)
+    if (correlation <= 0).any():
+        known = correlation > 0
+        correlation, start = correlation[known], start[known]
+    # calls are numbered in the order they are made, so the ids usually come sorted and unique
+    if len(correlation) > 1 and not (correlation[1:] > correlation[:-1]).all():
+        order = np.argsort(correlation, kind="stable")
+        correlation, start = correlation[order], start[order]
+        first = np.flatnonzero(np.concatenate([[True], correlation[1:] != correlation[:-1]]))
+        correlation, start = correlation[first], np.minimum.reduceat(start, first)
     found = np.full(len(wanted), np.nan)
     if len(correlation):
         at = np.minimum(np.searchsorted(correlation, wanted), len(correlation) - 1)
@@ -120,18 +164,41 @@ def per_device(kernels: pd.DataFrame, copies: pd.DataFrame,
                launches: pd.DataFrame) -> dict[tuple[int, int], Breakdown]:
     """{(process, device): its timeline's breakdown}. Operations have OP_COLUMNS, launches
     process, correlation, start: a correlation id names a launch only within its process."""
-    devices = pd.concat([kernels[["process", "device"]].drop_duplicates(),
-                         copies[["process", "device"]].drop_duplicates()]).drop_duplicates()
-    one = len(devices) == 1 and set(launches["process"].unique()) <= {devices.iloc[0]["process"]}
-    found = {}
-    for process, device in sorted(devices.astype(np.int64).itertuples(index=False, name=None)):
+    return per_timeline(_ops(kernels), _ops(copies), _launches(launches))
+
+
+def per_timeline(kernels: Ops, copies: Ops, launches: Launches) -> dict[tuple[int, int], Breakdown]:
+    keys = np.concatenate([kernels.timeline, copies.timeline])
+    if not len(keys):
+        return {}
+    low, high = int(keys.min()), int(keys.max())
+    process = low >> DEVICE_BITS
+    if low == high and (launches.process == process).all():
         # one device and one process (a trace per rank, as the runner writes): nothing to filter
-        mine = (kernels, copies, launches) if one else (
-            _on(kernels, process, device), _on(copies, process, device),
-            launches[launches["process"] == process])
-        found[(int(process), int(device))] = breakdown(*mine)
+        return {_pair(low): timeline(kernels, copies, launches)}
+    found = {}
+    for key in np.unique(keys).tolist():
+        mine = key >> DEVICE_BITS
+        found[_pair(key)] = timeline(kernels.where(kernels.timeline == key),
+                                     copies.where(copies.timeline == key),
+                                     launches.where(launches.process == mine))
     return found
 
 
-def _on(ops: pd.DataFrame, process: int, device: int) -> pd.DataFrame:
-    return ops[(ops["process"] == process) & (ops["device"] == device)]
+def _pair(key: int) -> tuple[int, int]:
+    return key >> DEVICE_BITS, key & ((1 << DEVICE_BITS) - 1)
+
+
+def _column(frame: pd.DataFrame, name: str) -> np.ndarray:
+    if not len(frame) or name not in frame:
+        return np.zeros(len(frame), dtype=np.int64)
+    return pd.to_numeric(frame[name]).to_numpy(np.int64, na_value=0)
+
+
+def _ops(frame: pd.DataFrame) -> Ops:
+    return Ops(_column(frame, "start"), _column(frame, "end"), _column(frame, "correlation"),
+               timeline_key(_column(frame, "process"), _column(frame, "device")))
+
+
+def _launches(frame: pd.DataFrame) -> Launches:
+    return Launches(_column(frame, "process"), _column(frame, "correlation"), _column(frame, "start"))

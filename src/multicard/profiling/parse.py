@@ -1,8 +1,9 @@
 """Traces -> the paper's Nsight metrics (DESIGN.md "Trace summary"), for nsys SQLite and Kineto JSON.
 
-A trace of a 20-epoch run holds millions of rows, so each activity table is read once, as Arrow
-columns (connectorx; the two big tables at the same time), and every total and the GPU timeline
-breakdown are computed from those arrays with numpy (benchmarks/trace_parse.py measures it).
+A trace of a 20-epoch run holds millions of rows, so each activity table is read once, only the
+columns the summary needs, as arrays (profiling/activity.py: connectorx, the tables cut into
+rowid ranges read on every core), and every total and the GPU timeline breakdown are computed
+from those arrays with numpy (benchmarks/trace_parse.py measures it).
 
 nsys SQLite (`nsys export --type sqlite`), any version from 2021 on:
 - names come from `StringIds(id, value)`, or from the older `StringTable(_id_, value)`;
@@ -37,7 +38,6 @@ import json
 import re
 import sqlite3
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from multicard.errors import InputError
-from multicard.profiling import breakdown
+from multicard.profiling import activity, breakdown
 
 API_METRICS = {
     "cudaLaunchKernel": "cuda_launch_kernel",
@@ -167,84 +167,65 @@ def summarize_nsys(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: unreadable SQLite ({exc})") from None
     finally:
         db.close()
-    kernels, runtime, copies, memsets = _read_activity(path, columns, backtrace)
+    kernels, runtime, copies, memsets = activity.read_tables(path, _activity_selects(columns, backtrace))
     summary = empty_summary("nsys-sqlite")
     summary |= _nsys_kernels(kernels, names)
     summary |= _nsys_runtime(runtime, names)
     summary |= _nsys_copies(copies, copy_codes)
     summary["epoch_pauses_ns"] = pauses
-    summary |= _nsys_breakdown(kernels, pd.concat([copies, memsets], ignore_index=True), runtime)
+    summary |= _nsys_breakdown(kernels, copies, memsets, runtime)
     return summary
 
 
-# What each activity table contributes; a column an export lacks is filled with zeros.
+# What the summary takes of each row of each activity table; a column an export lacks reads 0.
 ACTIVITY_COLUMNS = {
-    KERNELS: ("start", "end", "correlationId", "globalPid", "deviceId", "name"),
-    MEMCPY: ("start", "end", "correlationId", "globalPid", "deviceId", "copyKind", "srcKind", "bytes"),
-    MEMSET: ("start", "end", "correlationId", "globalPid", "deviceId"),
-    RUNTIME: ("start", "end", "correlationId", "globalTid", "nameId"),
+    KERNELS: ("start", "end", "correlation", "name", "timeline"),
+    RUNTIME: ("start", "end", "correlation", "nameId", "process"),
+    MEMCPY: ("start", "end", "correlation", "copyKind", "srcKind", "bytes", "timeline"),
+    MEMSET: ("start", "end", "correlation", "timeline"),
 }
+# nsys's globalPid/globalTid hold the process id in bits 24-47
+_PROCESS = "COALESCE(({} >> 24) & 16777215, 0)"
 
 
-def _read_activity(path: Path, columns: dict[str, set[str]], backtrace: int) -> list[pd.DataFrame]:
-    """The four activity tables, each read once, the two big ones at the same time.
-
-    Rows come out as Arrow columns (connectorx), not as Python tuples: a 20-epoch trace holds
-    millions of rows, and per-row Python objects would cost ten times the SQLite scan itself
-    (benchmarks/trace_parse.py)."""
-    queries = {table: _activity_query(table, columns, backtrace) for table in ACTIVITY_COLUMNS}
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        runtime = pool.submit(_fetch, path, queries[RUNTIME])
-        rest = [_fetch(path, queries[t]) for t in (KERNELS, MEMCPY, MEMSET)]
-        return [rest[0], runtime.result(), rest[1], rest[2]]
-
-
-def _activity_query(table: str, columns: dict[str, set[str]], backtrace: int) -> str | None:
-    if table not in columns:
-        return None
-    present = columns[table]
-    name = next((c for c in ("demangledName", "shortName", "name") if c in present), None)
+def _activity_selects(columns: dict[str, set[str]], backtrace: int) -> list[activity.Select]:
+    """One select per activity table (an absent table reads as an empty one); an operation's
+    (process, device) comes as one timeline key, computed by SQLite: one column handed over
+    instead of two."""
     selects = []
-    for wanted in ACTIVITY_COLUMNS[table]:
-        source = name if wanted == "name" else (wanted if wanted in present else None)
-        selects.append(f"{source} AS {wanted}" if source else f"0 AS {wanted}")
-    where = f" WHERE eventClass != {backtrace}" if table == RUNTIME and "eventClass" in present else ""
-    return f"SELECT {', '.join(selects)} FROM {table}{where}"
+    for table, wanted in ACTIVITY_COLUMNS.items():
+        present = columns.get(table, set())
+        exprs = {name: _activity_expr(name, present) for name in wanted}
+        where = f"eventClass != {backtrace}" if table == RUNTIME and "eventClass" in present else ""
+        selects.append(activity.Select(table if table in columns else None, exprs, where))
+    return selects
 
 
-def _fetch(path: Path, query: str | None) -> pd.DataFrame:
-    if query is None:
-        return pd.DataFrame()
-    import connectorx
+def _activity_expr(name: str, present: set[str]) -> str:
+    if name == "name":
+        return next((c for c in ("demangledName", "shortName", "name") if c in present), "0")
+    if name == "correlation":
+        return "correlationId" if "correlationId" in present else "0"
+    if name == "process":
+        return _PROCESS.format("globalTid") if "globalTid" in present else "0"
+    if name == "timeline":
+        process = _PROCESS.format("globalPid") if "globalPid" in present else "0"
+        device = "COALESCE(deviceId, 0)" if "deviceId" in present else "0"
+        return f"{process} * {1 << breakdown.DEVICE_BITS} + {device}"
+    return name if name in present else "0"
 
-    try:
-        table = connectorx.read_sql(f"sqlite://{quote(str(path.resolve()))}", query, return_type="arrow")
-    except RuntimeError as exc:
-        raise InputError(f"{path}: unreadable SQLite ({exc})") from None
-    # NULLs (a copy without a correlation id) become 0: CUPTI numbers correlations from 1
-    return pd.DataFrame({name: column.fill_null(0).to_numpy() for name, column
-                         in zip(table.column_names, table.columns, strict=True)})
 
-
-def _nsys_breakdown(kernels: pd.DataFrame, copies: pd.DataFrame, runtime: pd.DataFrame) -> dict[str, Any]:
+def _nsys_breakdown(kernels: activity.Columns, copies: activity.Columns, memsets: activity.Columns,
+                    runtime: activity.Columns) -> dict[str, Any]:
     """The GPU timeline of kernels, copies and memsets of each (process, device) against the
     runtime calls that launched them: correlation ids are unique within a process only."""
-    def ops(frame: pd.DataFrame) -> pd.DataFrame:
-        if frame.empty:
-            return pd.DataFrame({k: pd.Series(dtype=np.int64) for k in breakdown.OP_COLUMNS})
-        return pd.DataFrame({"start": frame["start"], "end": frame["end"],
-                             "process": _pid(frame["globalPid"]), "device": frame["deviceId"],
-                             "correlation": frame["correlationId"]})
+    def ops(*tables: activity.Columns) -> breakdown.Ops:
+        parts = [np.concatenate([t[name] for t in tables]) if len(tables) > 1 else tables[0][name]
+                 for name in ("start", "end", "correlation", "timeline")]
+        return breakdown.Ops(*parts)
 
-    launches = pd.DataFrame({"process": _pid(runtime["globalTid"]) if not runtime.empty else [],
-                             "correlation": runtime.get("correlationId", []),
-                             "start": runtime.get("start", [])})
-    return device_metrics(breakdown.per_device(ops(kernels), ops(copies), launches))
-
-
-def _pid(global_id: pd.Series) -> pd.Series:
-    """The process id inside nsys's globalTid/globalPid (bits 24-47)."""
-    return (global_id.to_numpy(np.int64) >> 24) & 0xFFFFFF
+    launches = breakdown.Launches(runtime["process"], runtime["correlation"], runtime["start"])
+    return device_metrics(breakdown.per_timeline(ops(kernels), ops(copies, memsets), launches))
 
 
 def _string_table(tables: set[str]) -> str:
@@ -260,29 +241,31 @@ def _columns(db: sqlite3.Connection, table: str) -> set[str]:
     return {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
 
 
-def _total(frame: pd.DataFrame, selected: np.ndarray | None = None) -> tuple[int, int]:
+def _durations(rows: activity.Columns) -> np.ndarray:
+    return rows["end"] - rows["start"]
+
+
+def _total(durations: np.ndarray, selected: np.ndarray | None = None) -> tuple[int, int]:
     """(count, summed duration in ns) of the selected rows."""
-    if frame.empty:
-        return 0, 0
-    durations = frame["end"].to_numpy(np.int64) - frame["start"].to_numpy(np.int64)
     if selected is not None:
         durations = durations[selected]
     return len(durations), int(durations.sum())
 
 
-def _nsys_kernels(kernels: pd.DataFrame, names: dict[int, str]) -> dict[str, int]:
-    if kernels.empty:
+def _nsys_kernels(kernels: activity.Columns, names: dict[int, str]) -> dict[str, int]:
+    if not len(kernels["start"]):
         return {}
-    out = dict(zip(("kernel_count", "kernel_ns"), _total(kernels), strict=True))
+    durations = _durations(kernels)
+    out = dict(zip(("kernel_count", "kernel_ns"), _total(durations), strict=True))
     nccl = [i for i, v in names.items() if "nccl" in v.lower()]
     if nccl:
-        found = _total(kernels, np.isin(kernels["name"].to_numpy(), nccl))
+        found = _total(durations, np.isin(kernels["name"], nccl))
         out |= dict(zip(("nccl_kernel_count", "nccl_kernel_ns"), found, strict=True))
     return out
 
 
-def _nsys_runtime(runtime: pd.DataFrame, names: dict[int, str]) -> dict[str, int]:
-    if runtime.empty:
+def _nsys_runtime(runtime: activity.Columns, names: dict[int, str]) -> dict[str, int]:
+    if not len(runtime["start"]):
         return {}
     # a metric number per string id, looked up by array index: a dict lookup per row of a
     # multi-million-row table would cost more than reading it
@@ -292,11 +275,12 @@ def _nsys_runtime(runtime: pd.DataFrame, names: dict[int, str]) -> dict[str, int
     lookup = np.full(max(names, default=0) + 2, -1)
     for i, metric in metric_of.items():
         lookup[i] = metrics.index(metric)
-    ids = runtime["nameId"].to_numpy(np.int64)
+    ids = runtime["nameId"]
     codes = lookup[np.where((ids >= 0) & (ids < len(lookup)), ids, -1)]
+    durations = _durations(runtime)
     out = {}
     for k, metric in enumerate(metrics):
-        out[f"{metric}_count"], out[f"{metric}_ns"] = _total(runtime, codes == k)
+        out[f"{metric}_count"], out[f"{metric}_ns"] = _total(durations, codes == k)
     return out
 
 
@@ -325,10 +309,10 @@ def _copy_codes(db: sqlite3.Connection, tables: set[str]) -> dict[str, int | Non
             "pinned": mem["CUDA_MEMOPR_MEMORY_KIND_PINNED"] if has_source else None}
 
 
-def _nsys_copies(copies: pd.DataFrame, codes: dict[str, int | None]) -> dict[str, int]:
-    if copies.empty:
+def _nsys_copies(copies: activity.Columns, codes: dict[str, int | None]) -> dict[str, int]:
+    if not len(copies["start"]):
         return {}
-    kind, source = copies["copyKind"].to_numpy(), copies["srcKind"].to_numpy()
+    kind, source = copies["copyKind"], copies["srcKind"]
     htod = kind == codes["htod"]
     selections = {"memcpy_htod": htod, "memcpy_dtoh": kind == codes["dtoh"],
                   "memcpy_htod_pageable": htod & (source == codes["pageable"]),
@@ -336,9 +320,9 @@ def _nsys_copies(copies: pd.DataFrame, codes: dict[str, int | None]) -> dict[str
     return _copy_totals(copies, selections)
 
 
-def _copy_totals(copies: pd.DataFrame, selections: dict[str, np.ndarray]) -> dict[str, int]:
-    durations = (copies["end"] - copies["start"]).to_numpy(np.int64)
-    size = pd.to_numeric(copies["bytes"]).to_numpy()
+def _copy_totals(copies: activity.Columns, selections: dict[str, np.ndarray]) -> dict[str, int]:
+    durations = _durations(copies)
+    size = copies["bytes"]
     out = {}
     for name, selected in selections.items():
         out[f"{name}_count"] = int(selected.sum())
@@ -456,7 +440,8 @@ def _kineto_copies(copies: pd.DataFrame) -> dict[str, int]:
                   "memcpy_htod_pinned": (direction == "htod") & (source == "pinned")}
     start = (pd.to_numeric(copies["ts"]) * 1000).round().astype(np.int64)
     size = copies["args"].map(lambda a: a.get("bytes", 0) if isinstance(a, dict) else 0)
-    sized = pd.DataFrame({"start": start, "end": start + copies["dur_ns"], "bytes": size})
+    sized = {"start": start.to_numpy(np.int64), "end": (start + copies["dur_ns"]).to_numpy(np.int64),
+             "bytes": pd.to_numeric(size).to_numpy(np.int64)}
     return _copy_totals(sized, {k: v.to_numpy(bool) for k, v in selections.items()})
 
 
