@@ -7,8 +7,9 @@ Builds an SQLite file in the nsys 2024.6 export schema (tests/fixtures/nsys_sche
 backtrace records) and `--rows` memcpy rows (host-to-device and back, pageable and pinned, between
 the kernels), a tenth of the kernels NCCL, then times `parse.summarize` on it (the GPU breakdown
 included) and `SELECT count(*), sum(end - start)` over the same three tables (the floor), and SQLite alone
-reading every column the summary needs (the GPU breakdown needs each operation's process,
-device and correlation id: more than the floor's two), and `multicard trace summarize` as a whole
+reading every column the summary needs (the GPU breakdown needs each operation's timeline and
+correlation id: more than the floor's two), the same columns handed over as arrays on every core
+(profiling/activity.py, nothing else done with them), and `multicard trace summarize` as a whole
 process (interpreter start and imports included). All timed warm (file in the page cache), best
 of three.
 """
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +31,7 @@ sys.path.insert(0, str(ROOT))  # the schema lives with the test fixtures
 
 from tests.fixtures import nsys_schema as ns  # noqa: E402
 
-from multicard.profiling import parse  # noqa: E402
+from multicard.profiling import activity, parse  # noqa: E402
 
 API = ["cudaLaunchKernel_v7000", "cudaStreamSynchronize_v3020", "cudaEventSynchronize_v3020",
        "cudaEventDestroy_v3020", "cudaMemcpyAsync_v3020", "cudaEventRecord_v3020",
@@ -81,12 +83,22 @@ def columns_scan(path: Path) -> None:
     each operation's timeline and correlation id), one aggregate per column, no rows returned."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     columns = {table: {row[1] for row in db.execute(f"PRAGMA table_info({table})")} for table in TABLES}
-    for select in parse._activity_selects(columns, parse.BACKTRACE_EVENT_CLASS[1]):
+    for select in parse._activity_selects(columns, parse.BACKTRACE_EVENT_CLASS[1], {}, {}):
         if select.table in TABLES:
             aggregates = ", ".join(f"max({expr})" for expr in select.columns.values())
             where = f" WHERE {select.where}" if select.where else ""
             db.execute(f"SELECT {aggregates} FROM {select.table}{where}").fetchone()
     db.close()
+
+
+def handed_over(path: Path) -> None:
+    """The columns handed over as arrays (profiling/activity.py, every core), nothing kept or
+    tallied: the part of `trace summarize` that is reading."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    columns = {table: {row[1] for row in db.execute(f"PRAGMA table_info({table})")} for table in TABLES}
+    db.close()
+    selects = parse._activity_selects(columns, parse.BACKTRACE_EVENT_CLASS[1], {}, {})
+    activity.read_tables(path, [replace(s, keep=(), tally=None) for s in selects if s.table in TABLES])
 
 
 def best_of(runs: int, action: object) -> float:
@@ -112,6 +124,7 @@ def main() -> int:
         summary = parse.summarize(path)
         floor = best_of(3, lambda: floor_scan(path))
         needed = best_of(3, lambda: columns_scan(path))
+        read = best_of(3, lambda: handed_over(path))
         ours = best_of(3, lambda: parse.summarize(path))
         # the command as a user runs it: interpreter start, imports, JSON out included
         command = [sys.executable, "-m", "multicard", "trace", "summarize", str(path)]
@@ -120,6 +133,8 @@ def main() -> int:
     print(f"kernels {summary['kernel_count']}, cudaLaunchKernel {summary['cuda_launch_kernel_count']}")
     print(f"floor (count + sum scan of the three tables): {floor:.2f} s, {total / floor / 1e6:.1f} M rows/s")
     print(f"SQLite reading the needed columns:       {needed:.2f} s ({needed / floor:.2f}x the floor)")
+    print(f"the same columns handed over as arrays:  {read:.2f} s ({read / floor:.2f}x the floor, "
+          f"{os.cpu_count()} threads)")
     print(f"trace summarize:                         {ours:.2f} s, {total / ours / 1e6:.1f} M rows/s "
           f"({os.cpu_count()} CPUs)")
     print(f"ratio to the floor: {ours / floor:.2f}")

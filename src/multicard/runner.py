@@ -371,15 +371,17 @@ def trial_command(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path, 
     it on every node (each node's part makes its own environment from the pairs it is given)."""
     kind = kinds.KINDS[spec.workload]
     nnodes, gpus = int(settings["nnodes"]), int(settings["gpus"])
+    wait_policy = launch.cpu_trial_env(str(settings["device"]), os.environ)
     if nnodes == 1:
         argv, extra_env = kind.command(settings, trial_dir, data_dir, kinds.TrialLaunch(planned.trace))
-        return argv, launch.trial_env({**os.environ, **extra_env}, gpus, launch.allocated_cpus())
+        return argv, launch.trial_env({**os.environ, **wait_policy, **extra_env}, gpus,
+                                      launch.allocated_cpus())
     assert nodes is not None  # run() refuses nnodes > 1 without them
     trial_key = f"{planned.config_id}-t{planned.trial}-{planned.trace}"
     rdzv = launch.Rendezvous(nodes.rdzv_endpoint,
                              cluster.rendezvous_id(out, spec.name, trial_key, attempt))
     argv, extra_env = kind.command(settings, trial_dir, data_dir, kinds.TrialLaunch(planned.trace, rdzv))
-    step = cluster.step_argv(nodes.launcher, nnodes, trial_dir, gpus, extra_env, argv,
+    step = cluster.step_argv(nodes.launcher, nnodes, trial_dir, gpus, {**wait_policy, **extra_env}, argv,
                              kind.page_cache(settings, data_dir))
     return step, launch.trial_env(os.environ, gpus, None)
 

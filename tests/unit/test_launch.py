@@ -75,6 +75,12 @@ def test_trial_env_drops_tf32_override_and_shares_cores() -> None:
     assert launch.trial_env({}, 4, 2)["OMP_NUM_THREADS"] == "1"
 
 
+def test_cpu_trials_wait_passively_unless_told_otherwise() -> None:
+    assert launch.cpu_trial_env("cpu", {"PATH": "/bin"}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert launch.cpu_trial_env("cpu", {"OMP_WAIT_POLICY": "ACTIVE"}) == {}  # the caller's wins
+    assert launch.cpu_trial_env("cuda", {}) == {}  # GPU trials as the paper ran them
+
+
 def test_tf32_overrides_are_cleared_and_their_values_kept_for_the_record() -> None:
     base = {"PATH": "/bin", "NVIDIA_TF32_OVERRIDE": "0", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}
     env = launch.trial_env(base, ranks_per_node=1, cpu_count=2)

@@ -42,25 +42,28 @@ class Breakdown:
 @dataclass(frozen=True)
 class Ops:
     """GPU operations of one kind (kernels, or copies and memsets) as parallel int64 arrays;
-    `timeline` is timeline_key(process, device)."""
+    `timeline` is timeline_key(process, device) of each, where the trace has more than one."""
     start: np.ndarray
     end: np.ndarray
     correlation: np.ndarray
-    timeline: np.ndarray
+    timeline: np.ndarray | None = None
 
     def where(self, keep: np.ndarray) -> Ops:
-        return Ops(self.start[keep], self.end[keep], self.correlation[keep], self.timeline[keep])
+        return Ops(self.start[keep], self.end[keep], self.correlation[keep],
+                   None if self.timeline is None else self.timeline[keep])
 
 
 @dataclass(frozen=True)
 class Launches:
-    """The API calls that launched operations: their process, correlation id and start."""
-    process: np.ndarray
+    """The API calls that launched operations: their correlation id, start and process (where
+    the trace has more than one)."""
     correlation: np.ndarray
     start: np.ndarray
+    process: np.ndarray | None = None
 
     def where(self, keep: np.ndarray) -> Launches:
-        return Launches(self.process[keep], self.correlation[keep], self.start[keep])
+        return Launches(self.correlation[keep], self.start[keep],
+                        None if self.process is None else self.process[keep])
 
 
 DEVICE_BITS = 16
@@ -164,28 +167,31 @@ def per_device(kernels: pd.DataFrame, copies: pd.DataFrame,
                launches: pd.DataFrame) -> dict[tuple[int, int], Breakdown]:
     """{(process, device): its timeline's breakdown}. Operations have OP_COLUMNS, launches
     process, correlation, start: a correlation id names a launch only within its process."""
-    return per_timeline(_ops(kernels), _ops(copies), _launches(launches))
+    ops, others, calls = _ops(kernels), _ops(copies), _launches(launches)
+    assert ops.timeline is not None and others.timeline is not None and calls.process is not None
+    keys = np.concatenate([ops.timeline, others.timeline])
+    if not len(keys):
+        return {}
+    if keys.min() == keys.max() and (calls.process == keys[0] >> DEVICE_BITS).all():
+        # one device and one process (a trace per rank, as the runner writes): nothing to filter
+        return {pair(int(keys[0])): timeline(ops, others, calls)}
+    return per_timeline(ops, others, calls)
 
 
 def per_timeline(kernels: Ops, copies: Ops, launches: Launches) -> dict[tuple[int, int], Breakdown]:
+    """{(process, device): breakdown} from operations whose `timeline` is set and launches whose
+    `process` is."""
+    assert kernels.timeline is not None and copies.timeline is not None and launches.process is not None
     keys = np.concatenate([kernels.timeline, copies.timeline])
-    if not len(keys):
-        return {}
-    low, high = int(keys.min()), int(keys.max())
-    process = low >> DEVICE_BITS
-    if low == high and (launches.process == process).all():
-        # one device and one process (a trace per rank, as the runner writes): nothing to filter
-        return {_pair(low): timeline(kernels, copies, launches)}
     found = {}
     for key in np.unique(keys).tolist():
-        mine = key >> DEVICE_BITS
-        found[_pair(key)] = timeline(kernels.where(kernels.timeline == key),
-                                     copies.where(copies.timeline == key),
-                                     launches.where(launches.process == mine))
+        found[pair(key)] = timeline(kernels.where(kernels.timeline == key),
+                                    copies.where(copies.timeline == key),
+                                    launches.where(launches.process == key >> DEVICE_BITS))
     return found
 
 
-def _pair(key: int) -> tuple[int, int]:
+def pair(key: int) -> tuple[int, int]:
     return key >> DEVICE_BITS, key & ((1 << DEVICE_BITS) - 1)
 
 
@@ -201,4 +207,4 @@ def _ops(frame: pd.DataFrame) -> Ops:
 
 
 def _launches(frame: pd.DataFrame) -> Launches:
-    return Launches(_column(frame, "process"), _column(frame, "correlation"), _column(frame, "start"))
+    return Launches(_column(frame, "correlation"), _column(frame, "start"), _column(frame, "process"))

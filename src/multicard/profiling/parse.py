@@ -38,6 +38,8 @@ import json
 import re
 import sqlite3
 import zlib
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -167,37 +169,48 @@ def summarize_nsys(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: unreadable SQLite ({exc})") from None
     finally:
         db.close()
-    kernels, runtime, copies, memsets = activity.read_tables(path, _activity_selects(columns, backtrace))
+    selects = _activity_selects(columns, backtrace, names, copy_codes)
+    kernels, runtime, copies, memsets = activity.read_tables(path, selects)
     summary = empty_summary("nsys-sqlite")
-    summary |= _nsys_kernels(kernels, names)
-    summary |= _nsys_runtime(runtime, names)
-    summary |= _nsys_copies(copies, copy_codes)
+    tallies = [_combined(read.tallies) for read in (kernels, runtime, copies, memsets)]
+    summary |= {k: v for tally in tallies for k, v in tally.items() if not k.startswith(_RANGE)}
     summary["epoch_pauses_ns"] = pauses
-    summary |= _nsys_breakdown(kernels, copies, memsets, runtime)
+    summary |= _nsys_breakdown(path, selects, [read.kept for read in (kernels, runtime, copies, memsets)],
+                               tallies)
     return summary
 
 
-# What the summary takes of each row of each activity table; a column an export lacks reads 0.
+# What the summary takes of each row of each activity table (a column an export lacks reads 0),
+# and which of those it keeps whole for the GPU breakdown; the rest is tallied slice by slice.
 ACTIVITY_COLUMNS = {
     KERNELS: ("start", "end", "correlation", "name", "timeline"),
     RUNTIME: ("start", "end", "correlation", "nameId", "process"),
     MEMCPY: ("start", "end", "correlation", "copyKind", "srcKind", "bytes", "timeline"),
     MEMSET: ("start", "end", "correlation", "timeline"),
 }
+KEPT = {KERNELS: ("start", "end", "correlation"), RUNTIME: ("start", "correlation"),
+        MEMCPY: ("start", "end", "correlation"), MEMSET: ("start", "end", "correlation")}
 # nsys's globalPid/globalTid hold the process id in bits 24-47
 _PROCESS = "COALESCE(({} >> 24) & 16777215, 0)"
+# tally entries that are a range (lowest_*, highest_*), not a sum
+_RANGE = ("lowest_", "highest_")
 
 
-def _activity_selects(columns: dict[str, set[str]], backtrace: int) -> list[activity.Select]:
+def _activity_selects(columns: dict[str, set[str]], backtrace: int, names: dict[int, str],
+                      copy_codes: dict[str, int | None]) -> list[activity.Select]:
     """One select per activity table (an absent table reads as an empty one); an operation's
     (process, device) comes as one timeline key, computed by SQLite: one column handed over
-    instead of two."""
+    instead of two, and only its range is kept (a trace per rank has one timeline)."""
+    tallies = {KERNELS: partial(_kernel_tally, [i for i, v in names.items() if "nccl" in v.lower()]),
+               RUNTIME: partial(_runtime_tally, *_api_lookup(names)),
+               MEMCPY: partial(_copy_tally, copy_codes), MEMSET: _range_tally}
     selects = []
     for table, wanted in ACTIVITY_COLUMNS.items():
         present = columns.get(table, set())
         exprs = {name: _activity_expr(name, present) for name in wanted}
         where = f"eventClass != {backtrace}" if table == RUNTIME and "eventClass" in present else ""
-        selects.append(activity.Select(table if table in columns else None, exprs, where))
+        selects.append(activity.Select(table if table in columns else None, exprs, where,
+                                       KEPT[table], tallies[table]))
     return selects
 
 
@@ -215,17 +228,59 @@ def _activity_expr(name: str, present: set[str]) -> str:
     return name if name in present else "0"
 
 
-def _nsys_breakdown(kernels: activity.Columns, copies: activity.Columns, memsets: activity.Columns,
-                    runtime: activity.Columns) -> dict[str, Any]:
-    """The GPU timeline of kernels, copies and memsets of each (process, device) against the
-    runtime calls that launched them: correlation ids are unique within a process only."""
-    def ops(*tables: activity.Columns) -> breakdown.Ops:
-        parts = [np.concatenate([t[name] for t in tables]) if len(tables) > 1 else tables[0][name]
-                 for name in ("start", "end", "correlation", "timeline")]
-        return breakdown.Ops(*parts)
+def _combined(tallies: list[activity.Tally]) -> activity.Tally:
+    """Slices' tallies as one: sums added, ranges widened."""
+    out: activity.Tally = {}
+    for tally in tallies:
+        for key, value in tally.items():
+            if key not in out:
+                out[key] = value
+            elif key.startswith("lowest_"):
+                out[key] = min(out[key], value)
+            else:
+                out[key] = max(out[key], value) if key.startswith("highest_") else out[key] + value
+    return out
 
-    launches = breakdown.Launches(runtime["process"], runtime["correlation"], runtime["start"])
-    return device_metrics(breakdown.per_timeline(ops(kernels), ops(copies, memsets), launches))
+
+def _range_tally(rows: activity.Columns) -> activity.Tally:
+    key = "timeline" if "timeline" in rows else "process"
+    if not len(rows[key]):
+        return {}
+    return {f"lowest_{key}": int(rows[key].min()), f"highest_{key}": int(rows[key].max())}
+
+
+def _nsys_breakdown(path: Path, selects: list[activity.Select], kept: list[activity.Columns],
+                    tallies: list[activity.Tally]) -> dict[str, Any]:
+    """The GPU timeline of kernels, copies and memsets of each (process, device) against the
+    runtime calls that launched them: correlation ids are unique within a process only. Where
+    the tallies show more than one timeline (or launches of other processes), their keys are
+    read in a second pass."""
+    kernels, runtime, copies, memsets = kept
+    ops_ranges = [t for t in (tallies[0], tallies[2], tallies[3]) if "lowest_timeline" in t]
+    if not ops_ranges:
+        return device_metrics({})
+    low = min(t["lowest_timeline"] for t in ops_ranges)
+    one = all(t["lowest_timeline"] == t["highest_timeline"] == low for t in ops_ranges) and (
+        "lowest_process" not in tallies[1]
+        or tallies[1]["lowest_process"] == tallies[1]["highest_process"] == low >> breakdown.DEVICE_BITS)
+    if one:  # a trace per rank, as the runner writes: one timeline, nothing to filter
+        found = breakdown.timeline(_ops(kernels), _ops(copies, memsets),
+                                   breakdown.Launches(runtime["correlation"], runtime["start"]))
+        return device_metrics({breakdown.pair(low): found})
+    keys = [read.kept for read in activity.read_tables(path, [
+        replace(s, keep=("process",) if s.table == RUNTIME else ("timeline",), tally=None)
+        for s in selects])]
+    return device_metrics(breakdown.per_timeline(
+        _ops(kernels, timelines=[keys[0]]), _ops(copies, memsets, timelines=[keys[2], keys[3]]),
+        breakdown.Launches(runtime["correlation"], runtime["start"], keys[1]["process"])))
+
+
+def _ops(*tables: activity.Columns, timelines: list[activity.Columns] | None = None) -> breakdown.Ops:
+    def joined(parts: list[np.ndarray]) -> np.ndarray:
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    return breakdown.Ops(*(joined([t[name] for t in tables]) for name in ("start", "end", "correlation")),
+                         joined([t["timeline"] for t in timelines]) if timelines else None)
 
 
 def _string_table(tables: set[str]) -> str:
@@ -252,36 +307,39 @@ def _total(durations: np.ndarray, selected: np.ndarray | None = None) -> tuple[i
     return len(durations), int(durations.sum())
 
 
-def _nsys_kernels(kernels: activity.Columns, names: dict[int, str]) -> dict[str, int]:
+def _kernel_tally(nccl: list[int], kernels: activity.Columns) -> activity.Tally:
     if not len(kernels["start"]):
         return {}
     durations = _durations(kernels)
     out = dict(zip(("kernel_count", "kernel_ns"), _total(durations), strict=True))
-    nccl = [i for i, v in names.items() if "nccl" in v.lower()]
     if nccl:
         found = _total(durations, np.isin(kernels["name"], nccl))
         out |= dict(zip(("nccl_kernel_count", "nccl_kernel_ns"), found, strict=True))
-    return out
+    return out | _range_tally({"timeline": kernels["timeline"]})
 
 
-def _nsys_runtime(runtime: activity.Columns, names: dict[int, str]) -> dict[str, int]:
-    if not len(runtime["start"]):
-        return {}
-    # a metric number per string id, looked up by array index: a dict lookup per row of a
-    # multi-million-row table would cost more than reading it
+def _api_lookup(names: dict[int, str]) -> tuple[np.ndarray, list[str]]:
+    """A metric number per string id (-1: none), looked up by array index: a dict lookup per row
+    of a multi-million-row table would cost more than reading it; and the metrics' names."""
     metric_of = {i: m for i, v in names.items()
                  if v.startswith("cuda") and (m := API_METRICS.get(api_name(v)))}
     metrics = sorted(set(metric_of.values()))
     lookup = np.full(max(names, default=0) + 2, -1)
     for i, metric in metric_of.items():
         lookup[i] = metrics.index(metric)
+    return lookup, metrics
+
+
+def _runtime_tally(lookup: np.ndarray, metrics: list[str], runtime: activity.Columns) -> activity.Tally:
+    if not len(runtime["start"]):
+        return {}
     ids = runtime["nameId"]
     codes = lookup[np.where((ids >= 0) & (ids < len(lookup)), ids, -1)]
     durations = _durations(runtime)
     out = {}
     for k, metric in enumerate(metrics):
         out[f"{metric}_count"], out[f"{metric}_ns"] = _total(durations, codes == k)
-    return out
+    return out | _range_tally({"process": runtime["process"]})
 
 
 def _backtrace_class(db: sqlite3.Connection, tables: set[str]) -> int:
@@ -309,7 +367,7 @@ def _copy_codes(db: sqlite3.Connection, tables: set[str]) -> dict[str, int | Non
             "pinned": mem["CUDA_MEMOPR_MEMORY_KIND_PINNED"] if has_source else None}
 
 
-def _nsys_copies(copies: activity.Columns, codes: dict[str, int | None]) -> dict[str, int]:
+def _copy_tally(codes: dict[str, int | None], copies: activity.Columns) -> activity.Tally:
     if not len(copies["start"]):
         return {}
     kind, source = copies["copyKind"], copies["srcKind"]
@@ -317,7 +375,7 @@ def _nsys_copies(copies: activity.Columns, codes: dict[str, int | None]) -> dict
     selections = {"memcpy_htod": htod, "memcpy_dtoh": kind == codes["dtoh"],
                   "memcpy_htod_pageable": htod & (source == codes["pageable"]),
                   "memcpy_htod_pinned": htod & (source == codes["pinned"])}
-    return _copy_totals(copies, selections)
+    return _copy_totals(copies, selections) | _range_tally({"timeline": copies["timeline"]})
 
 
 def _copy_totals(copies: activity.Columns, selections: dict[str, np.ndarray]) -> dict[str, int]:
