@@ -2,12 +2,14 @@
 
 For every pin, the registry's metadata of that project (its index page as PEP 691 JSON: tens of
 kilobytes for most, about 40 MiB for all the locks, torch's and NVIDIA's pages being the largest)
-names its files and their SHA256 digests. Of those, the file pip would install on the image's
-Python and glibc is picked as pip picks it (the wheel whose best tag ranks highest among the tags
-that platform accepts, `packaging.tags`; no sdist, as the images install `--only-binary`), and its
-digest must be among the lock's hashes; every other hash in the lock must belong to some file of
-that release (a stale or mistyped hash fails). This works where the images' bases cannot be
-pulled, in seconds, without downloading the 3 GB the files weigh.
+names its files and their SHA256 digests. The files pip could install on the image's Python and
+glibc are found as pip finds them: wheels whose `requires-python` admits that Python and one of
+whose tags that platform accepts (`packaging.tags`; no sdist, as the images install
+`--only-binary`). As pip with `--require-hashes` prefers a file whose hash the lock allows over a
+better tag, the lock holds where one of them has its digest among the lock's hashes; every other
+hash in the lock must belong to some file of that release (a stale or mistyped hash fails). This
+works where the images' bases cannot be pulled, in seconds, without downloading the 3 GB the
+files weigh.
 
 `--download` (`nox -s locks-download`) instead downloads each file pip would install (`pip
 download --no-deps --require-hashes --only-binary :all:`) and lets pip check its SHA256 against
@@ -34,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import (
     InvalidSdistFilename,
@@ -53,8 +56,11 @@ SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 
 def manylinux(glibc_minor: int) -> list[str]:
     """The x86_64 platform tags a glibc 2.<minor> system accepts, newest first."""
-    tags = [f"manylinux_2_{minor}_x86_64" for minor in range(glibc_minor, 4, -1)]
-    return [*tags, "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+    legacy = {17: "manylinux2014_x86_64", 12: "manylinux2010_x86_64", 5: "manylinux1_x86_64"}
+    tags = []
+    for minor in range(glibc_minor, 4, -1):  # each legacy alias where packaging ranks it
+        tags += [f"manylinux_2_{minor}_x86_64", *([legacy[minor]] if minor in legacy else [])]
+    return [*tags, "linux_x86_64"]
 
 
 # lock (relative to the repository) -> (Python version, glibc minor) of the image that installs it
@@ -66,6 +72,10 @@ LOCKS: dict[str, tuple[str, int]] = {
 }
 NOT_PINNED = ("containers/paper-exact/Dockerfile: nvidia-dali-cuda120==1.43.0 from NVIDIA's index "
               "(pypi.nvidia.com), pinned by version only: its wheel is on no index reachable here")
+
+
+class RegistryError(Exception):
+    """The registry answered, but not with an index page."""
 
 
 class Pin(NamedTuple):
@@ -100,9 +110,15 @@ def target_tags(python: str, glibc_minor: int) -> list[Tag]:
             *compatible_tags(version, f"cp{version[0]}{version[1]}", platforms=platforms)]
 
 
-def release_files(files: list[dict[str, Any]], version: str) -> list[tuple[str, str, frozenset[Tag]]]:
-    """(filename, sha256, tags) of each wheel and sdist of `version` on a project's index page
-    (PEP 691 `files`); an sdist has no tags: the images install with --only-binary :all:."""
+class File(NamedTuple):
+    name: str
+    sha256: str
+    tags: frozenset[Tag]  # empty for an sdist
+    requires_python: str | None
+
+
+def release_files(files: list[dict[str, Any]], version: str) -> list[File]:
+    """Each wheel and sdist of `version` on a project's index page (PEP 691 `files`)."""
     wanted = Version(version)
     found = []
     for entry in files:
@@ -115,34 +131,39 @@ def release_files(files: list[dict[str, Any]], version: str) -> list[tuple[str, 
         except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
             continue  # an egg, an exe: not a file pip installs
         if of == wanted and sha:
-            found.append((name, sha, tags))
+            found.append(File(name, sha, tags, entry.get("requires-python")))
     return found
 
 
-def chosen_wheel(wheels: list[tuple[str, str, frozenset[Tag]]],
-                 tags: list[Tag]) -> tuple[str, str, frozenset[Tag]] | None:
-    """The wheel pip would install: the one whose best tag comes first in `tags`; None where
-    no wheel fits."""
+def installable(files: list[File], python: str, tags: list[Tag]) -> list[File]:
+    """The wheels pip could install on `python` with `tags` (no sdist: the images install with
+    --only-binary :all:), most preferred tag first."""
     rank = {tag: k for k, tag in enumerate(tags)}
-    best, best_rank = None, len(tags)
-    for wheel in wheels:
-        found = min((rank[t] for t in wheel[2] if t in rank), default=len(tags))
-        if found < best_rank:
-            best, best_rank = wheel, found
-    return best
+    fits = [(min((rank[t] for t in f.tags if t in rank), default=len(tags)), k, f)
+            for k, f in enumerate(files) if _admits(f.requires_python, python)]
+    return [f for best, _, f in sorted(fits) if best < len(tags)]
 
 
-def judge(pin: Pin, files: list[dict[str, Any]], tags: list[Tag]) -> str | None:
-    """None where the lock holds for this pin, else what is wrong, in one line."""
+def _admits(requires_python: str | None, python: str) -> bool:
+    try:
+        return not requires_python or SpecifierSet(requires_python).contains(python, prereleases=True)
+    except InvalidSpecifier:
+        return True  # pip ignores a requires-python it cannot parse
+
+
+def judge(pin: Pin, files: list[dict[str, Any]], python: str, tags: list[Tag]) -> str | None:
+    """None where the lock holds for this pin, else what is wrong, in one line. With
+    --require-hashes pip prefers a file whose hash the lock allows over a better tag, so the lock
+    holds where any installable wheel's hash is in it (pip installs the best-ranked of those)."""
     released = release_files(files, pin.version)
     if not released:
         return f"{pin.name}=={pin.version}: no such release on the registry"
-    chosen = chosen_wheel(released, tags)
-    if chosen is None:
-        return f"{pin.name}=={pin.version}: no wheel for this platform"
-    if chosen[1] not in pin.hashes:
-        return f"{pin.name}=={pin.version}: {chosen[0]}'s sha256 is not in the lock"
-    if stray := sorted(pin.hashes - {sha for _, sha, _ in released}):
+    candidates = installable(released, python, tags)
+    if not candidates:
+        return f"{pin.name}=={pin.version}: no wheel for Python {python} on this platform"
+    if not any(f.sha256 in pin.hashes for f in candidates):
+        return f"{pin.name}=={pin.version}: {candidates[0].name}'s sha256 is not in the lock"
+    if stray := sorted(pin.hashes - {f.sha256 for f in released}):
         return (f"{pin.name}=={pin.version}: {len(stray)} hash(es) of no file of the release "
                 f"({stray[0][:12]}...)")
     return None
@@ -161,7 +182,9 @@ def project_files(registry: str, name: str) -> tuple[list[dict[str, Any]], int]:
                 return [], 0
             if attempt == 2:
                 raise
-        except (urllib.error.URLError, TimeoutError):
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise RegistryError(f"{registry}/{name}/ is not a PEP 691 JSON page ({exc})") from None
+        except OSError:  # URLError, a timeout, a connection reset mid-read
             if attempt == 2:
                 raise
         time.sleep(2 ** attempt)  # a registry's hiccup, not the lock's fault
@@ -176,11 +199,13 @@ def check_metadata(lock: str, python: str, glibc_minor: int, registry: str) -> t
     try:
         with ThreadPoolExecutor(max_workers=8) as pool:
             pages = list(pool.map(lambda pin: project_files(registry, pin.name), pins))
-    except (urllib.error.URLError, TimeoutError) as exc:
+    except RegistryError as exc:
+        return False, f"{lock}: FAILED ({exc})"
+    except OSError as exc:
         return False, f"{lock}: FAILED (the registry {registry} did not answer: {exc})"
     seconds = time.monotonic() - started
     problems = [problem for pin, (files, _) in zip(pins, pages, strict=True)
-                if (problem := judge(pin, files, tags))]
+                if (problem := judge(pin, files, python, tags))]
     size = sum(size for _, size in pages) / 2**20
     if problems:
         return False, f"{lock}: FAILED ({'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''})"
@@ -189,7 +214,7 @@ def check_metadata(lock: str, python: str, glibc_minor: int, registry: str) -> t
                   f"({size:.1f} MiB of index pages, {seconds:.0f} s)")
 
 
-def check_download(lock: str, python: str, glibc_minor: int) -> tuple[bool, str]:
+def check_download(lock: str, python: str, glibc_minor: int, index: str | None) -> tuple[bool, str]:
     """Download every file of `lock` for its platform; (ok, one line saying what happened)."""
     dest = CACHE / Path(lock).stem
     dest.mkdir(parents=True, exist_ok=True)
@@ -197,7 +222,8 @@ def check_download(lock: str, python: str, glibc_minor: int) -> tuple[bool, str]
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                            "--require-hashes", "--only-binary", ":all:", "--python-version", python,
-                           "--implementation", "cp", *platforms, "-d", str(dest), "-r", str(ROOT / lock)],
+                           "--implementation", "cp", *platforms, *(["--index-url", index] if index else []),
+                           "-d", str(dest), "-r", str(ROOT / lock)],
                           capture_output=True, text=True, check=False)
     seconds = time.monotonic() - started
     if done.returncode != 0:
@@ -213,16 +239,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("locks", nargs="*", metavar="LOCK", help=f"default: {', '.join(LOCKS)}")
     parser.add_argument("--download", action="store_true",
                         help="download every file and let pip check its hash (about 3 GB)")
-    parser.add_argument("--registry", default=REGISTRY,
-                        help=f"the index's base URL, PEP 691 JSON (default {REGISTRY})")
+    parser.add_argument("--registry", help=f"the index's base URL, PEP 691 JSON (default {REGISTRY}; "
+                                           "with --download, pip's --index-url)")
     args = parser.parse_args(argv)
     chosen = args.locks or list(LOCKS)
     unknown = [lock for lock in chosen if lock not in LOCKS]
     if unknown:
         print(f"check_locks: unknown lock {', '.join(unknown)} (known: {', '.join(LOCKS)})", file=sys.stderr)
         return 2
-    results = [check_download(lock, *LOCKS[lock]) if args.download
-               else check_metadata(lock, *LOCKS[lock], args.registry.rstrip("/")) for lock in chosen]
+    results = [check_download(lock, *LOCKS[lock], args.registry) if args.download
+               else check_metadata(lock, *LOCKS[lock], (args.registry or REGISTRY).rstrip("/"))
+               for lock in chosen]
     for _, line in results:
         print(f"check_locks: {line}")
     print(f"check_locks: not pinned by hash: {NOT_PINNED}")

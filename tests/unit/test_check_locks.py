@@ -30,8 +30,9 @@ def test_pins_with_comments_continuations_and_extras() -> None:
         check_locks.Pin("uvicorn", "0.30.1", frozenset({C}))]
 
 
-def page(*files: tuple[str, str]) -> list[dict[str, Any]]:
-    return [{"filename": name, "hashes": {"sha256": sha}} for name, sha in files]
+def page(*files: tuple[str, str], requires: str | None = None) -> list[dict[str, Any]]:
+    return [{"filename": name, "hashes": {"sha256": sha}, "requires-python": requires}
+            for name, sha in files]
 
 
 FILES = page(("pkg-1.0-cp312-cp312-manylinux_2_17_x86_64.whl", A),
@@ -50,22 +51,46 @@ FILES = page(("pkg-1.0-cp312-cp312-manylinux_2_17_x86_64.whl", A),
 def test_the_wheel_pip_would_pick(python: str, glibc: int, expected: str) -> None:
     released = check_locks.release_files(FILES, "1.0")
     assert len(released) == 5  # 1.1's wheel is another release
-    chosen = check_locks.chosen_wheel(released, check_locks.target_tags(python, glibc))
-    assert chosen is not None and chosen[1] == expected
+    candidates = check_locks.installable(released, python, check_locks.target_tags(python, glibc))
+    assert candidates[0].sha256 == expected and all(f.tags for f in candidates)  # never the sdist
+
+
+def test_legacy_manylinux_aliases_rank_with_their_glibc() -> None:
+    tags = check_locks.manylinux(35)
+    assert tags.index("manylinux2014_x86_64") == tags.index("manylinux_2_17_x86_64") + 1
+    assert tags.index("manylinux1_x86_64") == tags.index("manylinux_2_5_x86_64") + 1
+    assert tags[0] == "manylinux_2_35_x86_64" and tags[-1] == "linux_x86_64"
 
 
 def test_verdicts_name_what_is_wrong() -> None:
     tags = check_locks.target_tags("3.12", 39)
     pin = check_locks.Pin("pkg", "1.0", frozenset({B, "e" * 64}))
-    assert check_locks.judge(pin, FILES, tags) is None
-    assert "manylinux_2_28_x86_64.whl's sha256 is not in the lock" in check_locks.judge(
-        check_locks.Pin("pkg", "1.0", frozenset({A})), FILES, tags)
-    assert "1 hash(es) of no file of the release (999999999999...)" in check_locks.judge(
-        check_locks.Pin("pkg", "1.0", frozenset({B, "9" * 64})), FILES, tags)
-    assert "no such release" in check_locks.judge(check_locks.Pin("pkg", "2.0", frozenset({B})), FILES, tags)
+    assert check_locks.judge(pin, FILES, "3.12", tags) is None
+    stray = check_locks.Pin("pkg", "1.0", frozenset({B, "9" * 64}))
+    assert "1 hash(es) of no file of the release (9999999999" in check_locks.judge(stray, FILES, "3.12", tags)
+    missing = check_locks.Pin("pkg", "2.0", frozenset({B}))
+    assert "no such release" in check_locks.judge(missing, FILES, "3.12", tags)
     only_windows = page(("pkg-1.0-cp312-cp312-win_amd64.whl", A), ("pkg-1.0.tar.gz", B))
-    assert "no wheel for this platform" in check_locks.judge(
-        check_locks.Pin("pkg", "1.0", frozenset({A, B})), only_windows, tags)
+    assert "no wheel for Python 3.12 on this platform" in check_locks.judge(
+        check_locks.Pin("pkg", "1.0", frozenset({A, B})), only_windows, "3.12", tags)
+    assert "manylinux_2_28_x86_64.whl's sha256 is not in the lock" in check_locks.judge(
+        check_locks.Pin("pkg", "1.0", frozenset({C})), FILES, "3.12", tags)
+
+
+def test_pip_takes_an_allowed_hash_over_a_better_tag() -> None:
+    # with --require-hashes pip installs the manylinux_2_17 wheel whose hash the lock holds,
+    # though the manylinux_2_28 one ranks higher for glibc 2.39
+    pin = check_locks.Pin("pkg", "1.0", frozenset({A}))
+    assert check_locks.judge(pin, FILES, "3.12", check_locks.target_tags("3.12", 39)) is None
+
+
+def test_a_release_that_excludes_the_python_is_not_installable() -> None:
+    pure = page(("old-2.0-py3-none-any.whl", A), requires=">=3.8,<3.11")
+    tags = check_locks.target_tags("3.12", 39)
+    assert "no wheel for Python 3.12" in check_locks.judge(check_locks.Pin("old", "2.0", frozenset({A})),
+                                                          pure, "3.12", tags)
+    assert check_locks.judge(check_locks.Pin("old", "2.0", frozenset({A})), pure, "3.10",
+                             check_locks.target_tags("3.10", 35)) is None
 
 
 @pytest.fixture
@@ -79,7 +104,9 @@ def index() -> Iterator[tuple[str, dict[str, list[dict[str, Any]]]]]:
             if self.headers.get("Accept") != check_locks.SIMPLE_JSON or name not in projects:
                 self.send_error(404)
                 return
-            body = json.dumps({"meta": {"api-version": "1.1"}, "files": projects[name]}).encode()
+            files = projects[name]
+            body = (files.encode() if isinstance(files, str)  # an HTML-only index
+                    else json.dumps({"meta": {"api-version": "1.1"}, "files": files}).encode())
             self.send_response(200)
             self.send_header("Content-Type", check_locks.SIMPLE_JSON)
             self.end_headers()
@@ -110,10 +137,14 @@ def test_a_lock_checked_against_a_served_index(index: tuple[str, dict[str, list[
     assert "uv.txt: 1 pins, the file of each for Python 3.10 on glibc 2.35 has its hash" in said
     projects["uv"][0]["hashes"]["sha256"] = "0" * 64  # the registry now serves another file
     assert check_locks.main(["--registry", url, lock]) == 1
-    assert "uv.txt: FAILED (uv==0.13.9: uv-0.13.9-py3-none-manylinux_2_17" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"uv.txt: FAILED (uv=={pin.version}: {linux}'s sha256 is not in the lock" in said
     del projects["uv"]
     assert check_locks.main(["--registry", url, lock]) == 1
     assert "no such release on the registry" in capsys.readouterr().out
+    projects["uv"] = "<html>an index without PEP 691</html>"  # type: ignore[assignment]
+    assert check_locks.main(["--registry", url, lock]) == 1
+    assert "is not a PEP 691 JSON page" in capsys.readouterr().out
 
 
 def test_an_unknown_lock_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:

@@ -273,3 +273,21 @@ def test_a_node_out_of_memory_is_oom_and_the_launcher_lines_are_kept(tmp_path: P
     status, error = runner.classify(1, False, tail, None, 60.0, None)
     assert status == "oom" and error is not None and error["type"] == "OutOfMemoryError"
 
+
+
+def test_a_cpu_trials_openmp_threads_wait_passively_unless_the_caller_says(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from multicard import spec
+    from tests.helpers import write_spec
+
+    loaded = spec.load(write_spec(tmp_path, grid={"precision": ["fp32"]}))
+    planned = spec.plan(loaded)[0]
+    trial_dir = tmp_path / "run" / "raw" / "t"
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    _, env = runner.trial_command(loaded, planned, tmp_path / "run", tmp_path / "data", trial_dir, 0,
+                                  dict(planned.params), None)
+    assert planned.params["device"] == "cpu" and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    _, env = runner.trial_command(loaded, planned, tmp_path / "run", tmp_path / "data", trial_dir, 0,
+                                  dict(planned.params), None)
+    assert env["OMP_WAIT_POLICY"] == "ACTIVE"

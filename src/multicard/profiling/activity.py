@@ -6,10 +6,11 @@ totals (tallied per slice, then dropped). Handing the columns over as Arrow arra
 no Python object per row) costs less per row than SQLite's own conditional aggregates
 (`sum(copyKind = 1) ...` evaluates an expression per aggregate per row), so the tallies are numpy.
 
-Each table is cut into rowid ranges of SLICE_ROWS, read by one thread per CPU (SQLite steps
-without the GIL). A slice's arrays are small and freed once tallied, so the allocator hands the
-same memory to the next slice; only the kept columns are allocated whole, once: fresh memory is
-slow to touch (page faults), and a multi-million-row trace would otherwise touch gigabytes.
+Each table is cut into rowid ranges of SLICE_ROWS, read by one thread per usable CPU (at most 8;
+SQLite steps without the GIL). A slice's arrays are small and freed once tallied, so the
+allocator hands the same memory to the next slice; only the kept columns are allocated whole,
+once: fresh memory is slow to touch (page faults), and a multi-million-row trace would otherwise
+touch gigabytes.
 benchmarks/trace_parse.py measures the whole against one plain scan of the same tables.
 """
 
@@ -68,8 +69,8 @@ def slices(db: sqlite3.Connection, table: str, rows: int) -> list[tuple[int, int
 
 def read_tables(path: Path, selects: list[Select], threads: int | None = None) -> list[Read]:
     """Each select's kept columns and per-slice tallies, its table read in rowid slices by
-    `threads` threads (default: one per CPU, at most 8)."""
-    threads = threads or max(1, min(8, os.cpu_count() or 1))
+    `threads` threads (default: one per CPU this process may use, at most 8)."""
+    threads = threads or max(1, min(8, _usable_cpus()))
     db = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
     try:
         ranges = [slices(db, s.table, SLICE_ROWS) if s.table else [] for s in selects]
@@ -101,6 +102,14 @@ def read_tables(path: Path, selects: list[Select], threads: int | None = None) -
     for read, pieces in zip(reads, filled, strict=True):
         read.kept = _packed(read.kept, pieces)
     return reads
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (a cgroup or taskset narrows os.cpu_count())."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _span(spans: list[tuple[int, int]]) -> int:

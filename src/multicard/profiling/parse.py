@@ -267,12 +267,16 @@ def _nsys_breakdown(path: Path, selects: list[activity.Select], kept: list[activ
         found = breakdown.timeline(_ops(kernels), _ops(copies, memsets),
                                    breakdown.Launches(runtime["correlation"], runtime["start"]))
         return device_metrics({breakdown.pair(low): found})
-    keys = [read.kept for read in activity.read_tables(path, [
-        replace(s, keep=("process",) if s.table == RUNTIME else ("timeline",), tally=None)
-        for s in selects])]
+    keys = [read.kept for read in activity.read_tables(path, [_key_only(s) for s in selects])]
     return device_metrics(breakdown.per_timeline(
         _ops(kernels, timelines=[keys[0]]), _ops(copies, memsets, timelines=[keys[2], keys[3]]),
         breakdown.Launches(runtime["correlation"], runtime["start"], keys[1]["process"])))
+
+
+def _key_only(select: activity.Select) -> activity.Select:
+    """The select reading nothing but its timeline (or, for launches, process) key, kept whole."""
+    key = "process" if "process" in select.columns else "timeline"
+    return replace(select, columns={key: select.columns[key]}, keep=(key,), tally=None)
 
 
 def _ops(*tables: activity.Columns, timelines: list[activity.Columns] | None = None) -> breakdown.Ops:

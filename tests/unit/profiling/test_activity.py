@@ -44,7 +44,9 @@ def test_kept_columns_and_tallies_do_not_depend_on_the_slicing(tmp_path: Path, s
     assert read.kept["twice"].tolist() == [2 * r[0] for r in wanted]
     assert sum(t["rows"] for t in read.tallies) == len(wanted)
     assert sum(t["kind2"] for t in read.tallies) == sum(r[1] == 2 for r in wanted)
-    assert len(read.tallies) == len(activity.slices(sqlite3.connect(tmp_path / "t.sqlite"), "t", slice_rows))
+    db = sqlite3.connect(tmp_path / "t.sqlite")
+    assert len(read.tallies) == len(activity.slices(db, "t", slice_rows))
+    db.close()
 
 
 def test_slices_cover_every_rowid_once_and_an_empty_table_has_none(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from multicard.errors import InputError
-from multicard.profiling import parse
+from multicard.profiling import activity, parse
 from tests.fixtures import nsys_schema as ns
 from tests.helpers import ROOT
 
@@ -122,6 +123,40 @@ EXPECTED_MODERN = {
 
 def test_modern_nsys_export_by_hand(tmp_path: Path) -> None:
     assert parse.summarize(modern_trace(tmp_path / "r.sqlite")) == EXPECTED_MODERN
+
+
+def test_the_same_numbers_read_a_row_per_slice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # every slice one rowid: tallies added and ranges widened across slices, the two ranks'
+    # timelines found from the ranges and their keys read in a second pass
+    monkeypatch.setattr(activity, "SLICE_ROWS", 1)
+    assert parse.summarize(modern_trace(tmp_path / "r.sqlite")) == EXPECTED_MODERN
+
+
+def test_one_rank_read_in_slices_is_one_timeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = modern_trace(tmp_path / "r.sqlite")
+    db = sqlite3.connect(path)
+    for table, column in (("CUPTI_ACTIVITY_KIND_KERNEL", "globalPid"),
+                          ("CUPTI_ACTIVITY_KIND_RUNTIME", "globalTid")):
+        db.execute(f"DELETE FROM {table} WHERE {column} = ?", (P2,))
+    db.commit()
+    db.close()
+    whole = parse.summarize(path)
+    monkeypatch.setattr(activity, "SLICE_ROWS", 2)
+    assert parse.summarize(path) == whole
+    assert whole["gpu_timelines"] == [{**EXPECTED_MODERN["gpu_timelines"][0]}]
+    assert (whole["kernel_count"], whole["gpu_busy_ns"]) == (2, 1100)
+
+
+def test_timelines_without_a_runtime_table_are_told_apart(tmp_path: Path) -> None:
+    path = modern_trace(tmp_path / "r.sqlite")
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE CUPTI_ACTIVITY_KIND_RUNTIME")
+    db.commit()
+    db.close()
+    found = parse.summarize(path)
+    assert [(t["process"], t["gpu_span_ns"], t["gpu_launch_matched"]) for t in found["gpu_timelines"]] == [
+        (4101, 2900, 0.0), (4202, 607, 0.0)]
+    assert found["cuda_launch_kernel_count"] == 0 and found["gpu_host_wait_ns"] is None
 
 
 def test_gzipped_export_gives_the_same_numbers(tmp_path: Path) -> None:
