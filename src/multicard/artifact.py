@@ -29,7 +29,8 @@ from multicard.store import LOCK_SUFFIX
 SUMS_FILE = "SHA256SUMS"
 PACKAGES = ("multicard", "torch", "torchvision", "numpy", "nvidia-dali-cuda120",
             "nvidia-dali-cuda130", "torchtune", "torchao", "nvidia-ml-py", "pandas", "scipy")
-ENV_VARS = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+ENV_VARS = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
+            "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
             "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "MULTICARD_IN_CONTAINER",
             "MULTICARD_IMAGE", "MULTICARD_IMAGE_DIGEST", "MULTICARD_BASE_NOTE", "MULTICARD_NO_LLM",
             "NVIDIA_PYTORCH_VERSION", "DALI_VERSION",

@@ -75,9 +75,10 @@ def test_trial_env_drops_tf32_override_and_shares_cores() -> None:
     assert launch.trial_env({}, 4, 2)["OMP_NUM_THREADS"] == "1"
 
 
-def test_cpu_trials_wait_passively_unless_told_otherwise() -> None:
-    assert launch.cpu_trial_env("cpu", {"PATH": "/bin"}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+def test_cpu_trials_spin_briefly_at_barriers_unless_told_otherwise() -> None:
+    assert launch.cpu_trial_env("cpu", {"PATH": "/bin"}) == {"GOMP_SPINCOUNT": "1000"}
     assert launch.cpu_trial_env("cpu", {"OMP_WAIT_POLICY": "ACTIVE"}) == {}  # the caller's wins
+    assert launch.cpu_trial_env("cpu", {"GOMP_SPINCOUNT": "0"}) == {}
     assert launch.cpu_trial_env("cuda", {}) == {}  # GPU trials as the paper ran them
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from multicard import kinds, runner
+from multicard import kinds, launch, runner
 from multicard.spec import PlannedTrial
 
 RESULT = {"metrics": {"train_time_s": 1.0}}
@@ -275,7 +275,7 @@ def test_a_node_out_of_memory_is_oom_and_the_launcher_lines_are_kept(tmp_path: P
 
 
 
-def test_a_cpu_trials_openmp_threads_wait_passively_unless_the_caller_says(
+def test_a_cpu_trials_openmp_threads_spin_briefly_unless_the_caller_says(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from multicard import spec
     from tests.helpers import write_spec
@@ -284,10 +284,11 @@ def test_a_cpu_trials_openmp_threads_wait_passively_unless_the_caller_says(
     planned = spec.plan(loaded)[0]
     trial_dir = tmp_path / "run" / "raw" / "t"
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     _, env = runner.trial_command(loaded, planned, tmp_path / "run", tmp_path / "data", trial_dir, 0,
                                   dict(planned.params), None)
-    assert planned.params["device"] == "cpu" and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert planned.params["device"] == "cpu" and env["GOMP_SPINCOUNT"] == launch.CPU_SPINCOUNT
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     _, env = runner.trial_command(loaded, planned, tmp_path / "run", tmp_path / "data", trial_dir, 0,
                                   dict(planned.params), None)
-    assert env["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert env["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in env
