@@ -27,7 +27,9 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 IGNORED = {"DL3008": "apt package versions follow the pinned base image's Ubuntu release"}
 # Pins that differ between the dev venv and the image on purpose
 DIFFERENT = {"torchao": "torchao is tied to one torch: 0.11.0 with the dev torch 2.14, "
-                        "0.9.0 with the image's torch 2.6"}
+                        "0.9.0 with the image's torch 2.6",
+             "packaging": "the dev venv's DALI 2.4.0 requires packaging <= 26.3; the image has no "
+                          "DALI from PyPI"}
 
 
 def load_tool_from(path: Path) -> ModuleType:
