@@ -48,20 +48,44 @@ class TorchLoader:
         if self.copies:
             self.copies.reset()
         self.iterator = iter(self.loader)  # non-persistent workers start at its first next()
-        yield from self.iterator
+        self.failed: list[tuple[int, int]] | None = None  # set once a worker is found dead
+        try:
+            yield from self.iterator
+        except Exception:
+            self._stop_after_failure()
+            raise
 
     def dead_workers(self, wait_s: float = 2.0) -> list[tuple[int, int]]:
         """Workers of the current epoch that exited with a non-zero code. Called after an
         exception: a killed worker's socket can reset (ConnectionResetError) a moment before the
-        kernel has reaped it, so this waits up to `wait_s` for one to report its code."""
+        kernel has reaped it, so this waits up to `wait_s` for one to report its code. Once one
+        is found dead the iterator is shut down (_stop_after_failure) and the answer kept."""
+        if getattr(self, "failed", None) is None:
+            self._stop_after_failure(wait_s)
+        return list(self.failed or [])
+
+    def _dead(self, wait_s: float) -> list[tuple[int, int]]:
         workers = getattr(getattr(self, "iterator", None), "_workers", [])
         deadline = time.monotonic() + wait_s
+        while True:
+            dead = [(w.pid, w.exitcode) for w in workers if not w.is_alive() and w.exitcode]
+            if dead or not workers or time.monotonic() > deadline:
+                return dead
+            time.sleep(0.05)
+
+    def _stop_after_failure(self, wait_s: float = 2.0) -> None:
+        """The dead workers named and, where there are any, the iterator shut down. Once a
+        worker has died, the DataLoader's SIGCHLD handler raises again at every later child's
+        exit while the iterator's worker pids stay registered, anywhere in the rank (or in a test
+        process, long after); shutting the iterator down unregisters them."""
         with _sigchld_quiet():
-            while True:
-                dead = [(w.pid, w.exitcode) for w in workers if not w.is_alive() and w.exitcode]
-                if dead or not workers or time.monotonic() > deadline:
-                    return dead
-                time.sleep(0.05)
+            dead = self._dead(wait_s)
+            if not dead:
+                return
+            self.failed = dead
+            shutdown = getattr(getattr(self, "iterator", None), "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
 
     def to_device(self, batch: Batch) -> Batch:
         images, labels, indices = batch
