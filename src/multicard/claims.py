@@ -2,11 +2,14 @@
 
 experiments/claims.toml holds one `[[claim]]` per claim: which experiment it reads, which configs
 it compares (`compare` against `against`, within every combination of the other factors, after
-`where`), on which metric, and what the paper says (`kind` + value). Verdicts come only from
-intervals (stats: Welch's t on log values for a ratio of means, Welch's t for a difference), and
-only from groups where each arm has at least the spec's `[trials].min_ok` ok trials (5 in the
-paper profile, 3 otherwise; 3 traced trials for trace metrics). Labels (README, "Claims and
-verdicts"):
+`where`), on which metric, and what the paper says (`kind` + value), and one `[tolerance.<kind>]`
+per kind of claim: what reproducing a claim of that kind means (a reproduction runs on other GPUs,
+drivers and software than the paper's, so it matches the paper's effect within a tolerance, not to
+the digit), with its reason. Verdicts come only from 95 % intervals (stats: Welch's t on log values
+for a ratio of means, Welch's t for a difference), read as two one-sided tests at 2.5 % each
+against the tolerant band (an equivalence test), and only from groups where each arm has at least
+the spec's `[trials].min_ok` ok trials (5 in the paper profile, 3 otherwise; 3 traced trials for
+trace metrics). Labels (README, "Claims and verdicts"):
 
 - `supported` / `contradicted`: the interval lies where the paper says / wholly where it does not.
 - `consistent (imprecise)`: the estimate agrees but the interval reaches beyond (a range or band).
@@ -15,14 +18,23 @@ verdicts"):
 - `invalid`: an attempt failed for a reason that is no resource limit (a harness error).
 - `not run`: the report holds no trials the claim can read.
 
-Kinds: `range` (C1, C2, C5, C15: the paper's range for the ratio, gain or time reduction),
-`direction` (the ratio is above or below 1), `negligible` (within 1 +- tolerance), `not_worse`
-(C3: mean(against) - mean(compare) at most `tolerance`, in the metric's units), `outcome` (C11,
-C17: configs the paper says fail, or run; "fails" needs a resource cause: out of memory, shared
-memory, a killed worker or rank, an NCCL error), `numa` (C10), `shrinks` (C6), `dominates` (C18:
-summed trace metrics), `all` (parts: contradicted if any part is, supported if all are). A metric
-named `trace.<key>` reads the traced trials' summaries. Failed and timed-out attempts of a group
-are named in its why ("precision=fp64: 2 of 5 attempts timed out").
+Kinds, each judged on the log of the ratio (its effect):
+- `range` (C1, C2, C5, C15): the paper's span over configurations (a gain, a time reduction or a
+  ratio), widened by the tolerance as a share of the effect: every group's interval inside
+  [low end x (1 - tol), high end x (1 + tol)] supports it, one wholly outside contradicts it;
+- `direction`: supported when the interval lies on the claimed side of 1; contradicted when it
+  lies wholly short of 1 + tol on that side (no effect of the size that matters, or the other way);
+- `negligible` (within 1 +- tol), `not_worse` (C3: mean(against) - mean(compare) at most tol, in
+  the metric's units), `shrinks` (C6: the change of the log ratio from the fewest to the most
+  GPUs, by one Welch interval, read as `direction` reads a ratio);
+- `outcome` (C11, C17: configs the paper says fail, or run; "fails" needs a resource cause: out of
+  memory, shared memory, a killed worker or rank, an NCCL error), `numa` (C10: summarize's NUMA
+  test with the tolerance), `dominates` (C18: summed trace metrics), `all` (parts: contradicted if
+  any part is, supported if all are).
+A metric named `trace.<key>` reads the traced trials' summaries. Failed and timed-out attempts of
+a group are named in its why ("precision=fp64: 2 of 5 attempts timed out"); a group whose arm
+failed every attempt for a resource (out of memory: what C17 says of QAT) is an outcome, left
+out of a comparison and named.
 """
 
 from __future__ import annotations
@@ -49,6 +61,11 @@ QUANTITIES = ("ratio", "gain_pct", "time_reduction_pct")
 CONSISTENT = "consistent (imprecise)"
 VERDICTS = ("supported", "contradicted", CONSISTENT, "mixed", "inconclusive", "invalid", "not run")
 TRACED_MIN_OK = 3  # traced trials per config before a trace metric decides anything
+# kinds whose verdict reads a tolerance: [tolerance.<kind>] of the claims file, or the claim's own
+TOLERANT_KINDS = ("range", "direction", "negligible", "not_worse", "numa", "shrinks")
+# how a ratio mean(against) / mean(compare) is read as the number the paper states
+READINGS = {"ratio": "ratio", "gain_pct": "gain (ratio - 1)",
+            "time_reduction_pct": "time reduction (1 - 1/ratio)"}
 # failures that are the claim's "cannot run" (C11, C17), not a harness error
 RESOURCE_ERRORS = frozenset({"OutOfMemoryError", "OutOfMemory", "SharedMemoryExhausted",
                              "DataLoaderWorkerKilled", "RankKilled", "NCCLError"})
@@ -68,7 +85,8 @@ class Claim:
     quantity: str = "ratio"
     range: tuple[float, float] | None = None
     side: str = "above"
-    tolerance: float = 0.05
+    tolerance: float | None = None  # None: the file's [tolerance.<kind>]
+    tolerance_reason: str = ""
     outcome: str = "fails"
     along: str = "gpus"
     numerator: tuple[str, ...] = ()
@@ -87,6 +105,7 @@ class Evidence:
     ci_lo: float = math.nan
     ci_hi: float = math.nan
     unit: str = "x"  # "x": a ratio; "%": a gain or time reduction; " points": a difference
+    reading: str = ""  # how the number reads the ratio (READINGS), "" for other numbers
     statuses: tuple[str, ...] = ()  # outcome claims
     n: tuple[int, int] = (0, 0)  # ok trials of `against` and of `compare`
     decision: str = ""  # this group's verdict
@@ -142,10 +161,11 @@ def load(path: Path) -> list[Claim]:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise InputError(f"{path}: not a readable claims file ({exc})") from None
-    if set(doc) != {"claim"} or not isinstance(doc["claim"], list):
-        raise InputError(f"{path}: not a claims file: expected only [[claim]] tables "
-                         f"(experiments/claims.toml), got {', '.join(sorted(doc)) or 'nothing'}")
-    claims = [_claim(path, entry) for entry in doc["claim"]]
+    if "claim" not in doc or set(doc) - {"claim", "tolerance"} or not isinstance(doc["claim"], list):
+        raise InputError(f"{path}: not a claims file: expected [[claim]] and [tolerance.<kind>] "
+                         f"tables (experiments/claims.toml), got {', '.join(sorted(doc)) or 'nothing'}")
+    rules = _tolerances(path, doc.get("tolerance", {}))
+    claims = [_with_tolerance(path, _claim(path, entry), rules) for entry in doc["claim"]]
     ids = [c.id for c in claims]
     if len(set(ids)) != len(ids):
         raise InputError(f"{path}: [[claim]].id: expected unique ids, got {ids}")
@@ -170,6 +190,44 @@ def _claim(path: Path, entry: dict[str, Any]) -> Claim:
         raise InputError(f"{where}: {exc}") from None
     _check_names(where, claim)
     return claim
+
+
+def _tolerances(path: Path, table: Any) -> dict[str, tuple[float, str]]:
+    """[tolerance.<kind>] tables: {kind: (value, reason)}; a rule without its reason is refused."""
+    if not isinstance(table, dict):
+        raise InputError(f"{path}: tolerance: expected [tolerance.<kind>] tables")
+    rules = {}
+    for kind, rule in table.items():
+        where = f"{path}: tolerance.{kind}"
+        if kind not in TOLERANT_KINDS:
+            raise InputError(f"{where}: expected one of {', '.join(TOLERANT_KINDS)}")
+        if not isinstance(rule, dict) or set(rule) != {"value", "reason"}:
+            raise InputError(f"{where}: expected exactly `value` and `reason`")
+        value, reason = rule["value"], rule["reason"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+            raise InputError(f"{where}.value: expected a number in [0, 1), got {value!r}")
+        if not isinstance(reason, str) or not reason.strip():
+            raise InputError(f"{where}.reason: expected the reason for this tolerance, as text")
+        rules[kind] = (float(value), reason.strip())
+    return rules
+
+
+def _with_tolerance(path: Path, claim: Claim, rules: dict[str, tuple[float, str]]) -> Claim:
+    """The claim (and its parts) with the tolerance of its kind, unless it states its own,
+    which then needs its own reason."""
+    parts = tuple(_with_tolerance(path, part, rules) for part in claim.parts)
+    if claim.kind not in TOLERANT_KINDS:
+        return replace(claim, parts=parts)
+    where = f"{path}: claim {claim.id}"
+    if claim.tolerance is not None:
+        if not claim.tolerance_reason.strip():
+            raise InputError(f"{where}: tolerance: a claim's own tolerance needs its tolerance_reason")
+        return replace(claim, parts=parts)
+    if claim.kind not in rules:
+        raise InputError(f"{where}: kind {claim.kind!r} needs a tolerance: a [tolerance.{claim.kind}] "
+                         "table (value, reason) or the claim's own tolerance and tolerance_reason")
+    value, reason = rules[claim.kind]
+    return replace(claim, tolerance=value, tolerance_reason=reason, parts=parts)
 
 
 def _check_names(where: str, claim: Claim) -> None:
@@ -207,7 +265,7 @@ def judge(claim: Claim, results: Mapping[str, list[Results]]) -> Verdict:
     present = results.get(claim.experiment, [])
     if not present:
         return Verdict(claim, "not run", f"no run of {claim.experiment} in this report")
-    runs = [r for r in present if _device_ok(claim, r.spec)]
+    runs = [r for r in present if device_ok(claim, r.spec)]
     if runs:
         return JUDGES[claim.kind](claim, runs)
     # e.g. the CPU smoke run: its numbers are shown so the path is visible, but judge nothing
@@ -218,7 +276,7 @@ def judge(claim: Claim, results: Mapping[str, list[Results]]) -> Verdict:
                                                        if shown.evidence else ""), shown.evidence)
 
 
-def _device_ok(claim: Claim, spec: Spec) -> bool:
+def device_ok(claim: Claim, spec: Spec) -> bool:
     device = spec.fixed.get("device")
     return claim.device == "any" or device == claim.device or device is None
 
@@ -236,6 +294,7 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
     """range, direction, negligible and not_worse: one decision per group of the other factors."""
     groups: list[Evidence] = []
     notes: list[str] = []
+    left_out: list[str] = []  # groups whose arm ran out of a resource: outcomes (C17), not data
     metric = claim.metric.removeprefix("trace.")
     # the factors any run of the experiment varies: groups of two runs (a profile that fixes a
     # factor the other varies) get the same labels, and the better evidence of a group is kept
@@ -245,7 +304,7 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
         source = run.traces if traced else run.trials
         if source.empty or metric not in source:
             continue
-        frame = _with_fixed(source, run.spec)
+        frame = _with_fixed(source, run.spec, claim)
         frame = frame[_selected(frame, claim.where)]
         varied = set(claim.compare) | set(claim.against)
         others = [k for k in factors if k not in varied and k in frame]
@@ -256,15 +315,21 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
             a = group.loc[_selected(group, claim.against), metric].dropna().tolist()
             b = group.loc[_selected(group, claim.compare), metric].dropna().tolist()
             label = ", ".join(f"{k}={v}" for k, v in zip(others, keys, strict=True)) or "all"
-            lost = _attempt_notes(claim, run, dict(zip(others, keys, strict=True)), traced)
+            where = dict(zip(others, keys, strict=True))
+            lost = _attempt_notes(claim, run, where, traced)
             if a and b:
                 groups.append(_group(claim, label, a, b, minimum))
+            elif outcome := _resource_outcome(claim, run, where, traced, (a, b)):
+                left_out.append(f"{label} left out: {outcome}")
+                continue
             elif (a or b) and lost:  # an arm with no ok trial at all: say so, decide nothing
                 groups.append(Evidence(label, n=(len(a), len(b)), decision="too few"))
             notes += lost
+    if not groups and left_out:
+        return Verdict(claim, "inconclusive", "every group left out: " + "; ".join(left_out))
     if not groups:
         return Verdict(claim, "not run", f"no trials of {claim.experiment} match the comparison")
-    return _verdict(claim, groups, notes)
+    return _verdict(claim, groups, left_out + notes)
 
 
 def _group(claim: Claim, label: str, a: list[float], b: list[float], minimum: int) -> Evidence:
@@ -276,19 +341,38 @@ def _group(claim: Claim, label: str, a: list[float], b: list[float], minimum: in
         scale = 100.0  # accuracy fractions are shown in percentage points
         return Evidence(label, scale * value, scale * lo, scale * hi, unit, n=(len(a), len(b)),
                         decision=decision)
-    ratio = stats.ratio_of_means(a, b)
+    ratio = stats.ratio_of_means(a, b, cross_check=False)
     decision = _decide(claim, ratio) if min(len(a), len(b)) >= minimum else "too few"
     return replace(_evidence(claim, label, ratio), n=(len(a), len(b)), decision=decision)
+
+
+def _arm_attempts(claim: Claim, run: Results, group: Mapping[str, Any], arm: Mapping[str, Any],
+                  traced: bool) -> list[dict[str, Any]]:
+    """The records of the attempts (not skipped, not interrupted) of one arm of one group."""
+    return [r for r in run.records if r.get("experiment") == run.spec.name
+            and (r.get("trace", "none") != "none") == traced
+            and r["status"] not in ("skipped", "interrupted")
+            and _matches({**run.spec.fixed, **r["config"]}, {**group, **arm, **claim.where})]
+
+
+def _resource_outcome(claim: Claim, run: Results, group: Mapping[str, Any], traced: bool,
+                      values: tuple[list[float], list[float]]) -> str:
+    """Why a group is an outcome rather than a comparison: an arm without an ok value whose every
+    attempt failed for a resource (out of memory, ...); "" when no arm did."""
+    for arm, found in zip((claim.against, claim.compare), values, strict=True):
+        attempts = _arm_attempts(claim, run, group, arm, traced)
+        if not found and attempts and all(_failure_kind(r) == "resource" for r in attempts):
+            label = ", ".join(f"{k}={v}" for k, v in {**arm, **group}.items())
+            return (f"{label} failed every attempt for a resource ({_ending(attempts)}): an "
+                    "outcome, not missing data")
+    return ""
 
 
 def _attempt_notes(claim: Claim, run: Results, group: Mapping[str, Any], traced: bool) -> list[str]:
     """"precision=fp64: 2 of 5 attempts timed out" for each arm of a group that lost attempts."""
     notes = []
     for arm in (claim.against, claim.compare):
-        statuses = [r["status"] for r in run.records if r.get("experiment") == run.spec.name
-                    and (r.get("trace", "none") != "none") == traced
-                    and r["status"] not in ("skipped", "interrupted")
-                    and _matches({**run.spec.fixed, **r["config"]}, {**group, **arm, **claim.where})]
+        statuses = [r["status"] for r in _arm_attempts(claim, run, group, arm, traced)]
         bad = [s for s in statuses if s != "ok"]
         if bad:
             arm_label = ", ".join(f"{k}={v}" for k, v in {**arm, **group}.items())
@@ -336,13 +420,12 @@ def _best_per_label(groups: list[Evidence]) -> list[Evidence]:
     return list(best.values())
 
 
-def _with_fixed(trials: pd.DataFrame, spec: Spec) -> pd.DataFrame:
-    """Trial rows with the spec's fixed settings as columns too (selectors may name them)."""
-    frame = trials.copy()
-    for key, value in spec.fixed.items():
-        if key not in frame:
-            frame[key] = value
-    return frame
+def _with_fixed(trials: pd.DataFrame, spec: Spec, claim: Claim | None = None) -> pd.DataFrame:
+    """Trial rows with the spec's fixed settings as columns too (selectors may name them): the
+    ones the claim's selectors name, or every one without a claim."""
+    names = None if claim is None else set(claim.compare) | set(claim.against) | set(claim.where)
+    added = {k: v for k, v in spec.fixed.items() if k not in trials and (names is None or k in names)}
+    return trials.assign(**added) if added else trials.copy()
 
 
 def _quantity(claim: Claim, ratio: float) -> float:
@@ -354,19 +437,62 @@ def _quantity(claim: Claim, ratio: float) -> float:
 
 
 def _decide(claim: Claim, ratio: stats.Ratio) -> str:
-    if math.isnan(ratio.ci_lo):
+    if math.isnan(ratio.ci_lo) or ratio.ci_lo <= 0:
         return "inconclusive"
-    lo, hi = sorted((_quantity(claim, ratio.ci_lo), _quantity(claim, ratio.ci_hi)))
-    point = _quantity(claim, ratio.value)
+    lo, hi, point = math.log(ratio.ci_lo), math.log(ratio.ci_hi), math.log(ratio.value)
     if claim.kind == "range":
-        assert claim.range is not None
-        return _inside(lo, hi, point, *claim.range)
+        return _inside(lo, hi, point, *span_band(claim))
     if claim.kind == "direction":
-        side = stats.direction(ratio.ci_lo, ratio.ci_hi)
-        other = "below" if claim.side == "above" else "above"
-        return "supported" if side == claim.side else "contradicted" if side == other else "inconclusive"
+        return _one_sided(lo, hi, claim.side, _tolerance(claim))
     return _inside(ratio.ci_lo, ratio.ci_hi, ratio.value,
-                   1 - claim.tolerance, 1 + claim.tolerance)  # negligible
+                   1 - _tolerance(claim), 1 + _tolerance(claim))  # negligible
+
+
+def _tolerance(claim: Claim) -> float:
+    assert claim.tolerance is not None, f"{claim.id}: loaded without its tolerance"
+    return claim.tolerance
+
+
+def as_log_ratio(quantity: str, value: float) -> float:
+    """The paper's number (a gain or a time reduction in %, or a ratio) as the log of the ratio
+    mean(against) / mean(compare)."""
+    if quantity == "gain_pct":
+        return math.log1p(value / 100)
+    if quantity == "time_reduction_pct":
+        return -math.log1p(-value / 100)
+    return math.log(value)
+
+
+def from_log_ratio(quantity: str, effect: float) -> float:
+    """as_log_ratio's inverse: the log of a ratio as the claim's quantity."""
+    return _quantity(Claim("", "", "", "range", quantity=quantity), math.exp(effect))
+
+
+def span_band(claim: Claim) -> tuple[float, float]:
+    """The paper's span as log ratios, widened by the tolerance as a share of the effect: the end
+    nearer no effect moves towards it by that share, the farther end away from it (a span that
+    holds no effect widens at both ends)."""
+    assert claim.range is not None
+    low, high = sorted(as_log_ratio(claim.quantity, v) for v in claim.range)
+    share = _tolerance(claim)
+    if low >= 0:
+        return low * (1 - share), high * (1 + share)
+    if high <= 0:
+        return low * (1 + share), high * (1 - share)
+    return low * (1 + share), high * (1 + share)
+
+
+def _one_sided(lo: float, hi: float, side: str, minimum: float) -> str:
+    """An interval of a log ratio against a claimed side: supported when it lies wholly on that
+    side of 0, contradicted when it lies wholly short of log(1 + minimum) on that side (no effect
+    of the size that matters, or one the other way), else inconclusive."""
+    if side == "below":
+        lo, hi = -hi, -lo
+    if lo > 0:
+        return "supported"
+    if hi < math.log1p(minimum):
+        return "contradicted"
+    return "inconclusive"
 
 
 def _inside(lo: float, hi: float, point: float, low: float, high: float) -> str:
@@ -429,7 +555,7 @@ def _evidence(claim: Claim, label: str, ratio: stats.Ratio) -> Evidence:
     so the CI maps end to end)."""
     return Evidence(label, _quantity(claim, ratio.value), _quantity(claim, ratio.ci_lo),
                     _quantity(claim, ratio.ci_hi), "x" if claim.quantity == "ratio" else "%",
-                    n=(ratio.n_baseline, ratio.n_other))
+                    READINGS[claim.quantity], n=(ratio.n_baseline, ratio.n_other))
 
 
 def _outcome(claim: Claim, runs: list[Results]) -> Verdict:
@@ -492,39 +618,46 @@ def _levels(wanted: Any) -> list[Any]:
 
 
 def _shrinks(claim: Claim, runs: list[Results]) -> Verdict:
+    """The ratio at the fewest against the most of `along` (GPUs), by one Welch interval of the
+    change of its log (stats.log_ratio_change), read as `direction` reads a ratio: supported when
+    the change is above 0, contradicted when it lies wholly short of the tolerance."""
     groups: list[Evidence] = []
+    decisions: list[str] = []
     for run in runs:
         if claim.along not in run.spec.grid or len(run.spec.grid[claim.along]) < 2:
             continue
         ends = sorted(run.spec.grid[claim.along])
-        ratios = []
-        for value in (ends[0], ends[-1]):
-            where = {**claim.where, claim.along: value}
-            frame = _with_fixed(run.trials, run.spec)
-            frame = frame[_selected(frame, where)]
-            a = frame.loc[_selected(frame, claim.against), claim.metric].dropna().tolist()
-            b = frame.loc[_selected(frame, claim.compare), claim.metric].dropna().tolist()
-            ratios.append(stats.ratio_of_means(a, b) if a and b else None)
-        first, last = ratios
-        if first is None or last is None:
+        arms = [_arms_at(claim, run, {**claim.where, claim.along: value}) for value in (ends[0], ends[-1])]
+        if not all(a and b for a, b in arms):
             continue
-        enough = min(first.n_baseline, first.n_other, last.n_baseline, last.n_other) >= run.spec.min_ok
+        change = stats.log_ratio_change(*arms)
+        enough = min(len(x) for pair in arms for x in pair) >= run.spec.min_ok
         if not enough:
             decision = "too few"
-        elif math.isnan(first.ci_lo) or math.isnan(last.ci_lo):
+        elif math.isnan(change.ci_lo):
             decision = "inconclusive"
         else:
-            decision = ("supported" if last.ci_hi < first.ci_lo else
-                        "contradicted" if last.ci_lo > first.ci_hi else "inconclusive")
-        for value, ratio in ((ends[0], first), (ends[-1], last)):
-            groups.append(replace(_evidence(claim, f"{claim.along}={value}", ratio),
-                                  decision=decision))
+            decision = _one_sided(change.ci_lo, change.ci_hi, "above", _tolerance(claim))
+        decisions.append(decision)
+        for value, (a, b) in zip((ends[0], ends[-1]), arms, strict=True):
+            ratio = stats.ratio_of_means(a, b, cross_check=False)
+            groups.append(replace(_evidence(claim, f"{claim.along}={value}", ratio), decision=decision))
+        groups.append(Evidence(f"change of the log ratio, {claim.along}={ends[0]} -> {ends[-1]}",
+                               change.value, change.ci_lo, change.ci_hi, "", "log ratio",
+                               n=(change.n_a, change.n_b), decision=decision))
     if not groups:
         return Verdict(claim, "not run", f"no run of {claim.experiment} varies {claim.along}")
-    # the two ends of one run make one decision: count it once
-    pairs = groups[::2]
-    verdict = _across(["inconclusive" if g.decision == "too few" else g.decision for g in pairs])
-    return Verdict(claim, verdict, _why(pairs, verdict), tuple(groups))
+    verdict = _across(["inconclusive" if d == "too few" else d for d in decisions])
+    changes = [g for g in groups if g.reading == "log ratio"]
+    return Verdict(claim, verdict, _why(changes, verdict), tuple(groups))
+
+
+def _arms_at(claim: Claim, run: Results, where: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """The ok values of `against` and of `compare` under `where`."""
+    frame = _with_fixed(run.trials, run.spec, claim)
+    frame = frame[_selected(frame, where)]
+    return (frame.loc[_selected(frame, claim.against), claim.metric].dropna().tolist(),
+            frame.loc[_selected(frame, claim.compare), claim.metric].dropna().tolist())
 
 
 def _dominates(claim: Claim, runs: list[Results]) -> Verdict:
@@ -533,11 +666,12 @@ def _dominates(claim: Claim, runs: list[Results]) -> Verdict:
         frame = run.traces
         if frame.empty or not set(claim.numerator + claim.denominator) <= set(frame):
             continue
-        frame = frame[_selected(_with_fixed(frame, run.spec), claim.where)]
+        frame = frame[_selected(_with_fixed(frame, run.spec, claim), claim.where)]
         for cid, group in frame.groupby("config_id", sort=False):
             ratio = stats.ratio_of_means(group[list(claim.numerator)].sum(axis=1).tolist(),
-                                         group[list(claim.denominator)].sum(axis=1).tolist())
-            decision = _decide(replace(claim, kind="direction", side="above"), ratio) \
+                                         group[list(claim.denominator)].sum(axis=1).tolist(),
+                                         cross_check=False)
+            decision = _decide(replace(claim, kind="direction", side="above", tolerance=0.0), ratio) \
                 if len(group) >= TRACED_MIN_OK else "too few"
             groups.append(replace(_evidence(claim, str(cid), ratio), decision=decision))
     if not groups:
@@ -549,13 +683,17 @@ def _numa(claim: Claim, runs: list[Results]) -> Verdict:
     answers = []
     for run in runs:
         thin = _thin_numa_arms(run)
-        answers.append(f"too few ok trials ({thin})" if thin else
-                       summarize.numa_findings(run.spec, run.trials)[0].answer)
-    if all(a == "not run" for a in answers):
-        return Verdict(claim, "not run", "no 3-4 GPU DataLoader trials under both none and local")
-    mapping = {"yes": "supported", "no": "contradicted", "partly": "inconclusive"}
-    decisions = [mapping.get(a, "inconclusive") for a in answers if a != "not run"]
-    return Verdict(claim, _across(decisions), f"NUMA test answer(s): {', '.join(answers)}")
+        if thin:
+            answers.append(("inconclusive", f"too few ok trials ({thin})"))
+            continue
+        finding = summarize.numa_findings(run.spec, run.trials, _tolerance(claim))[0]
+        answers.append((finding.answer, finding.why))
+    if all(a == "not run" for a, _ in answers):
+        return Verdict(claim, "not run", "no 3-4 GPU trials of both loaders under both none and local")
+    mapping = {"yes": "supported", "no": "contradicted", "mixed": "mixed"}
+    decisions = [mapping.get(a, "inconclusive") for a, _ in answers if a != "not run"]
+    return Verdict(claim, _across(decisions),
+                   "NUMA test answer(s): " + "; ".join(f"{a} ({why})" for a, why in answers))
 
 
 def _thin_numa_arms(run: Results) -> str:

@@ -364,6 +364,31 @@ def cmd_trace_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_claims_power(args: argparse.Namespace) -> int:
+    from multicard import claims, power
+    from multicard.report.tables import display_power, render_markdown
+
+    path = args.claims or claims.default_file()
+    claim_list = claims.load(path)
+    chosen = [c for c in claim_list if not args.claim or c.id in args.claim]
+    unknown = sorted(set(args.claim or ()) - {c.id for c in claim_list})
+    if unknown:
+        raise InputError(f"claims power: --claim: no claim {', '.join(unknown)} in {path}")
+    found = power.claims_power(chosen, args.profile, path.parent, args.cv, args.trials, args.runs,
+                               args.seed, needed=not args.no_needed)
+    if args.json:
+        print(json.dumps([{"claim": f.claim.id, "cv": f.cv, "trials": f.trials, "skipped": f.skipped,
+                           "trials_for_80pct": f.needed,
+                           "worlds": [{"world": r.world, "role": r.role, "runs": r.runs,
+                                       "shares": r.shares} for r in f.rows]} for f in found], indent=1))
+        return 0
+    print(render_markdown(display_power(found)), end="")
+    print(f"{args.runs} seeded draws per row (seed {args.seed}) through the verdict rules of {path}, "
+          f"profile {args.profile}; 'holds': the paper right (paper), no effect (none), half the "
+          "paper's effect (half), shown only (other)")
+    return 0
+
+
 def cmd_topo(args: argparse.Namespace) -> int:
     from multicard import numa
 
@@ -492,6 +517,24 @@ def build_parser() -> argparse.ArgumentParser:
             "of `numactl --hardware` / `nvidia-smi topo -m`")
     p.add_argument("files", type=Path, nargs="*", metavar="FILE")
 
+    p = add("claims", lambda a: a.claims_func(a), "the claims' verdict rules")
+    claims_sub = p.add_subparsers(dest="claims_command", required=True, parser_class=OneLineParser)
+    c = claims_sub.add_parser("power", help="what each claim's verdict reads in worlds where the "
+                              "paper is right, half right and wrong: seeded draws through the judge")
+    c.add_argument("--claims", type=Path, help="claims file (default: experiments/claims.toml)")
+    c.add_argument("--claim", nargs="+", metavar="ID", help="only these claims (e.g. C1 C5)")
+    c.add_argument("--profile", default="paper", help="the profile whose grids and trials are drawn")
+    c.add_argument("--cv", type=_fraction, nargs="+", default=[0.02], metavar="X",
+                   help="run-to-run CV of times (default 0.02; accuracy: 0.1 points per 1 %%)")
+    c.add_argument("--trials", type=_bounded_int(2, 1000),
+                   help="trials per config (default: the profile's)")
+    c.add_argument("--runs", type=_bounded_int(10, 100_000), default=100,
+                   help="draws per world (default 100)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--no-needed", action="store_true", help="skip the trials-for-80%% search")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(claims_func=cmd_claims_power)
+
     p = add("trace", lambda a: a.trace_func(a), "profiling traces")
     trace_sub = p.add_subparsers(dest="trace_command", required=True, parser_class=OneLineParser)
     t = trace_sub.add_parser("summarize", help="the paper's Nsight metrics of nsys SQLite exports "
@@ -591,6 +634,16 @@ def _bounded_int(lo: int, hi: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1 (0.02 = 2 %), got {text!r}")
+    return value
 
 
 def _positive_int(text: str) -> int:

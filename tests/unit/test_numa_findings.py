@@ -38,7 +38,20 @@ def test_local_removes_the_penalty() -> None:
 
 def test_local_helps_but_the_penalty_remains() -> None:
     table = trials(BASE | {("torch", "local", g): [9.0, 9.1, 8.9] for g in (3, 4)})
-    assert answers(table)[0] == "partly"
+    finding = summarize.numa_findings(SPEC, table)[0]
+    assert finding.answer == "no"  # 12.5 % left under binding: wholly above the 5 % tolerance
+    assert "no: gpus=3, layout=nchw, gpus=4" not in finding.why and "no: " in finding.why
+
+
+def test_a_penalty_left_within_the_tolerance_is_removed_and_one_near_it_is_undecided() -> None:
+    removed = trials(BASE | {("torch", "local", g): [8.1, 8.2, 8.0] for g in (3, 4)})  # 1.25 %
+    assert answers(removed)[0] == "yes"
+    near = trials(BASE | {("torch", "local", g): [8.2, 8.8, 8.0] for g in (3, 4)})  # about 4 %
+    finding = summarize.numa_findings(SPEC, near)[0]
+    assert finding.answer == "inconclusive" and "inconclusive: " in finding.why
+    none_to_remove = trials(BASE | {("torch", "none", g): [8.0, 8.1, 7.9] for g in (3, 4)}
+                            | {("torch", "local", g): [8.0, 8.1, 7.9] for g in (3, 4)})
+    assert answers(none_to_remove)[0] == "inconclusive"  # no penalty without binding to remove
 
 
 def test_local_does_not_help() -> None:

@@ -309,10 +309,13 @@ def numa_section(spec: Spec, trials: pd.DataFrame) -> str:
     """The verdict on the paper's NUMA hypothesis (C10), with the ratios behind each answer."""
     lines = [f"### NUMA hypothesis ({spec.name})", "",
              "Ratios are mean(time under the reference) / mean(time under the compared level), with "
-             "a bootstrap 95% CI: above 1 means the compared level is faster (or pauses less), "
-             "below 1 slower; an answer counts only CIs that exclude 1 (README, NUMA).", ""]
+             "a 95% CI (Welch's t on log times): above 1 means the compared level is faster (or "
+             "pauses less), below 1 slower (README, NUMA). Question 1 is a test of the penalty "
+             "T_torch/T_dali: there without binding (CI above 1), within "
+             f"{summarize.PENALTY_TOLERANCE:.0%} of 1 under `local`.", ""]
     for number, finding in enumerate(summarize.numa_findings(spec, trials), start=1):
-        lines += [f"{number}. {finding.question} **{finding.answer}**", ""]
+        lines += [f"{number}. {finding.question} **{finding.answer}**"
+                  + (f" ({finding.why})" if finding.why else ""), ""]
         if not finding.evidence.empty:
             lines += [render_markdown(display_effects(spec, finding.evidence)), ""]
     return "\n".join(lines)
@@ -362,7 +365,8 @@ def _verdicts(runs: list[RunData], claim_list: list[claims.Claim]) -> tuple[pd.D
     verdicts = claims.evaluate(claim_list, results)
     table = pd.DataFrame([{
         "claim": v.claim.id, "the paper says": v.claim.text, "paper": v.claim.paper,
-        "verdict": v.verdict, "ours [95% CI]": evidence_text(v.evidence), "why": v.why,
+        "verdict": v.verdict, "reproduced if": criterion_text(v.claim),
+        "ours [95% CI]": evidence_text(v.evidence), "why": v.why,
         "experiment": ", ".join(_claim_experiments(v.claim)),
         "data-bound?": _bounds(v.claim, runs),
     } for v in verdicts])
@@ -396,15 +400,43 @@ def _in(value: Any, wanted: Any) -> bool:
 
 
 def evidence_text(evidence: tuple[claims.Evidence, ...], shown: int = 6) -> str:
-    """`gpus=1: 60% [58.8, 61.2]; ...`, the first `shown` groups and how many more there are."""
+    """`gpus=1: 60% gain [58.8, 61.2]; ...`, the first `shown` groups and how many more there are."""
     def one(e: claims.Evidence) -> str:
         if e.statuses:
             return f"{e.label}: {'/'.join(e.statuses)} ({e.n[0]} attempts)"
         ci = "" if math.isnan(e.ci_lo) else f" [{e.ci_lo:.3g}, {e.ci_hi:.3g}]"
-        return f"{e.label}: {e.value:.3g}{e.unit}{ci} (n {e.n[0]}/{e.n[1]})"
+        reading = f" {e.reading.split(' (')[0]}" if e.unit == "%" and e.reading else ""
+        return f"{e.label}: {e.value:.3g}{e.unit}{reading}{ci} (n {e.n[0]}/{e.n[1]})"
 
     text = "; ".join(one(e) for e in evidence[:shown]) or "–"
     return text + (f" (+{len(evidence) - shown} more)" if len(evidence) > shown else "")
+
+
+def criterion_text(claim: claims.Claim) -> str:
+    """What the claim's verdict asks of the interval, in the claim's own units."""
+    if claim.parts:
+        return "; ".join(f"({i + 1}) {criterion_text(p)}" for i, p in enumerate(claim.parts))
+    tol = claim.tolerance
+    if claim.kind == "range":
+        assert claim.range is not None
+        low, high = (claims.from_log_ratio(claim.quantity, x) for x in claims.span_band(claim))
+        unit = "x" if claim.quantity == "ratio" else f" % {claims.READINGS[claim.quantity].split(' (')[0]}"
+        paper = f"{claim.range[0]:g}-{claim.range[1]:g}"
+        return f"{low:.3g}-{high:.3g}{unit} (the paper's {paper} ± {tol:.0%} of its effect)"
+    if claim.kind == "direction":
+        side = "above" if claim.side == "above" else "below"
+        return f"ratio {side} 1; contradicted short of {tol:.0%} that way"
+    if claim.kind == "negligible":
+        return f"ratio within 1 ± {tol:.0%}"
+    if claim.kind == "not_worse":
+        return f"loss at most {100 * (tol or 0):g} point(s)"
+    if claim.kind == "shrinks":
+        return f"log ratio falls from the fewest to the most {claim.along}; contradicted short of {tol:.0%}"
+    if claim.kind == "numa":
+        return f"penalty T_torch/T_dali above 1 unbound, within {tol:.0%} of 1 under local"
+    if claim.kind == "outcome":
+        return "the configs fail for a resource" if claim.outcome == "fails" else "the configs run"
+    return "–"
 
 
 def _claim_experiments(claim: claims.Claim) -> list[str]:

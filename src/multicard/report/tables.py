@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from tabulate import tabulate
@@ -133,3 +134,27 @@ def display_effects(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
     out["CI vs 1"] = table["ci"]
     out["n"] = [f"{a}/{b}" for a, b in zip(table["n_base"], table["n"], strict=True)]
     return out
+
+
+def display_power(found: list[Any]) -> pd.DataFrame:
+    """`multicard claims power`: one row per claim, world and CV (power.ClaimPower rows): the share
+    of runs that read each verdict, and the trials per config 80 % supported needs."""
+    rows = []
+    for entry in found:
+        base = {"claim": entry.claim.id, "CV": f"{entry.cv:.0%}"}
+        if entry.skipped:
+            rows.append({**base, "world": entry.skipped, "trials": "–"})
+            continue
+        first_paper = next((r for r in entry.rows if r.role == "paper"), None)
+        for row in entry.rows:
+            other = 1 - sum(row.shares.get(v, 0.0) for v in ("supported", "contradicted", "inconclusive"))
+            rows.append({**base, "world": row.world, "holds": row.role, "trials": row.trials,
+                         "supported": f"{row.shares.get('supported', 0.0):.2f}",
+                         "contradicted": f"{row.shares.get('contradicted', 0.0):.2f}",
+                         "inconclusive": f"{row.shares.get('inconclusive', 0.0):.2f}",
+                         "other": f"{other:.2f}",
+                         "trials for 80 %": (entry.needed if entry.needed is not None else "> 30")
+                         if row is first_paper else ""})
+    columns = ["claim", "CV", "world", "holds", "trials", "supported", "contradicted", "inconclusive",
+               "other", "trials for 80 %"]
+    return pd.DataFrame(rows, columns=columns).fillna("")
