@@ -18,10 +18,12 @@ trace metrics). Labels (README, "Claims and verdicts"):
 - `invalid`: an attempt failed for a reason that is no resource limit (a harness error).
 - `not run`: the report holds no trials the claim can read.
 
-Kinds, each judged on the log of the ratio (its effect):
+Kinds (all but `negligible`, which reads the ratio within 1 +- tol, judged on the log of the
+ratio, the effect):
 - `range` (C1, C2, C5, C15): the paper's span over configurations (a gain, a time reduction or a
-  ratio), widened by the tolerance as a share of the effect: every group's interval inside
-  [low end x (1 - tol), high end x (1 + tol)] supports it, one wholly outside contradicts it;
+  ratio) as log ratios, widened by the tolerance as a share of the effect, the end nearer no
+  effect towards it and the other away (span_band): every group's interval inside supports it,
+  one wholly outside contradicts it;
 - `direction`: supported when the interval lies on the claimed side of 1; contradicted when it
   lies wholly short of 1 + tol on that side (no effect of the size that matters, or the other way);
 - `negligible` (within 1 +- tol), `not_worse` (C3: mean(against) - mean(compare) at most tol, in
@@ -699,7 +701,7 @@ def _numa(claim: Claim, runs: list[Results]) -> Verdict:
 def _thin_numa_arms(run: Results) -> str:
     """The 3-4 GPU arms of the NUMA test's first question that have fewer than min_ok trials."""
     frame = _with_fixed(run.trials, run.spec)
-    needed = [("torch", "none"), ("torch", "local"), ("dali", "local")]
+    needed = [("torch", "none"), ("dali", "none"), ("torch", "local"), ("dali", "local")]
     thin = []
     for gpus in summarize.PENALTY_GPUS:
         for loader, policy in needed:

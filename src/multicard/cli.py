@@ -374,7 +374,10 @@ def cmd_claims_power(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.claim or ()) - {c.id for c in claim_list})
     if unknown:
         raise InputError(f"claims power: --claim: no claim {', '.join(unknown)} in {path}")
-    found = power.claims_power(chosen, args.profile, path.parent, args.cv, args.trials, args.runs,
+    cvs, source = args.cv, ""
+    if args.calibrate:
+        cvs, source = _measured_cv(args.calibrate)
+    found = power.claims_power(chosen, args.profile, path.parent, cvs, args.trials, args.runs,
                                args.seed, needed=not args.no_needed)
     if args.json:
         print(json.dumps([{"claim": f.claim.id, "cv": f.cv, "trials": f.trials, "skipped": f.skipped,
@@ -385,8 +388,20 @@ def cmd_claims_power(args: argparse.Namespace) -> int:
     print(render_markdown(display_power(found)), end="")
     print(f"{args.runs} seeded draws per row (seed {args.seed}) through the verdict rules of {path}, "
           f"profile {args.profile}; 'holds': the paper right (paper), no effect (none), half the "
-          "paper's effect (half), shown only (other)")
+          "paper's effect (half), shown only (other)" + (f"; CV {source}" if source else ""))
     return 0
+
+
+def _measured_cv(dirs: list[Path]) -> tuple[list[float], str]:
+    from multicard import power, summarize
+    from multicard.report.runs import discover_runs, load_run
+
+    runs = [load_run(p) for d in dirs for p in discover_runs(d)]
+    cv, configs = power.measured_cv([(r.spec, summarize.trial_table(r.spec, r.records)) for r in runs])
+    if cv is None:
+        named = ", ".join(map(str, dirs))
+        raise InputError(f"claims power: --calibrate: no config with 2 ok trials in {named}")
+    return [cv], f"{cv:.1%} measured: the median over {configs} config(s) of {len(runs)} run(s)"
 
 
 def cmd_topo(args: argparse.Namespace) -> int:
@@ -526,6 +541,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--profile", default="paper", help="the profile whose grids and trials are drawn")
     c.add_argument("--cv", type=_fraction, nargs="+", default=[0.02], metavar="X",
                    help="run-to-run CV of times (default 0.02; accuracy: 0.1 points per 1 %%)")
+    c.add_argument("--calibrate", type=Path, nargs="+", metavar="RUN",
+                   help="draw at the CV these finished runs measured (instead of --cv)")
     c.add_argument("--trials", type=_bounded_int(2, 1000),
                    help="trials per config (default: the profile's)")
     c.add_argument("--runs", type=_bounded_int(10, 100_000), default=100,

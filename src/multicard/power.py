@@ -130,16 +130,20 @@ def part_worlds(part: claims.Claim) -> list[tuple[str, str, Part]]:
 
 def worlds(claim: claims.Claim) -> list[World]:
     """A claim's worlds: its own kind's, or for `all` the paper right, no effect and half the
-    effect in every part at once (a part without a half world keeps its no-effect one)."""
+    effect in every part at once (a part without a half world keeps its paper-right one; no half
+    world where no part has one)."""
     if not claim.parts:
         return [World(role, name, (part,)) for role, name, part in part_worlds(claim)]
     found = []
     for role in ROLES:
+        if role == "half" and not any(r == "half" for part in claim.parts for r, _, _ in part_worlds(part)):
+            continue  # no part has a number to halve (C11, C16, C17)
         chosen = []
         for part in claim.parts:
             options = part_worlds(part)
+            # a part without a world of this role keeps the paper's (an outcome has no half)
             pick = next((p for r, _, p in options if r == role), None) or next(
-                (p for r, _, p in options if r == "none"), None)
+                (p for r, _, p in options if r == "paper"), None)
             if pick is None:
                 return []
             chosen.append(pick)
@@ -249,7 +253,7 @@ def _read_grid(base: spec.Spec, parts: list[claims.Claim]) -> dict[str, list[Any
     """The grid cut to the levels the parts read: a numa part reads the penalty's configs only."""
     grid = {k: list(v) for k, v in base.grid.items()}
     if any(p.kind == "numa" for p in parts):
-        narrowed = {"numa_policy": ["none", "local"], "gpus": list(PENALTY_GPUS), "layout": ["nchw"]}
+        narrowed = {"numa_policy": ["none", "local"], "gpus": list(PENALTY_GPUS)}
         return {k: [v for v in grid[k] if v in narrowed.get(k, grid[k])] for k in grid}
     for key in grid:
         wanted = set()
@@ -302,6 +306,7 @@ class ClaimPower:
     rows: tuple[Characteristic, ...] = ()
     needed: int | None = None  # trials per config for 80 % supported where the paper is right
     skipped: str = ""
+    searched: bool = False  # whether `needed` was searched for (None then means "more than 30")
 
 
 def claims_power(claim_list: list[claims.Claim], profile: str, experiments: Path, cvs: list[float],
@@ -335,4 +340,18 @@ def _claim_power(claim_list: list[claims.Claim], claim: claims.Claim, profile: s
     paper = next((w for w in worlds(claim) if w.role == "paper"), None)
     fewest = (trials_for_power(claim, paper, facts, profile, experiments, cv, runs, seed)
               if needed and paper is not None else None)
-    return ClaimPower(claim, cv, n, rows, fewest)
+    return ClaimPower(claim, cv, n, rows, fewest, searched=needed and paper is not None)
+
+
+def measured_cv(specs_and_trials: list[tuple[spec.Spec, pd.DataFrame]]) -> tuple[float | None, int]:
+    """The run-to-run CV of finished runs: the median over configs (of at least 2 ok trials) of
+    sd / mean of each run's primary metric, and how many configs it comes from; None without any."""
+    cvs = []
+    for run_spec, trials in specs_and_trials:
+        if trials.empty or run_spec.primary not in trials:
+            continue
+        for _, group in trials.groupby("config_id"):
+            values = group[run_spec.primary].dropna()
+            if len(values) >= 2 and values.mean() > 0:
+                cvs.append(float(values.std(ddof=1) / values.mean()))
+    return (float(np.median(cvs)) if cvs else None), len(cvs)

@@ -436,7 +436,7 @@ def removes_penalty(unbound: pd.DataFrame, bound: pd.DataFrame, tolerance: float
     found = {k for k, v in said.items() if v}
     answer = ("yes" if found == {"yes"} else "no" if found == {"no"} else
               "mixed" if {"yes", "no"} <= found else "inconclusive")
-    why = "; ".join(f"{k}: {', '.join(v)}" for k, v in said.items() if v)
+    why = "; ".join(f"{k}: {' / '.join(v)}" for k, v in said.items() if v)
     return answer, (f"penalty T_torch/T_dali removed when above 1 unbound and below "
                     f"{1 + tolerance:g} under local; {why}")
 

@@ -14,7 +14,9 @@ from tests.helpers import EXPERIMENTS
 CLAIMS = claims.load(EXPERIMENTS / "claims.toml")
 BY_ID = {c.id: c for c in CLAIMS}
 RUNS, TRIALS, CV, SEED = 100, 5, 0.02, 7
-# the claims with a number of the paper's: a span, a margin, the values of Table 5
+# the claims with a number of the paper's: a span, a margin, the values of Table 5. C6's trend
+# is qualitative in the paper (its ends, 30 % at 1 GPU and 16 % at 4, are inferred): shown by
+# `claims power`, not held to these rules.
 QUANTITATIVE = ("C1", "C2", "C3", "C5", "C14", "C15")
 
 
@@ -51,6 +53,15 @@ def test_where_there_is_no_effect_it_reads_contradicted_and_almost_never_support
 def test_half_the_papers_effect_is_not_reproducing_it(case: tuple[str, power.World]) -> None:
     cid, world = case
     assert shares(BY_ID[cid], world).get("supported", 0) <= 0.05
+
+
+def test_a_claims_half_world_keeps_its_other_parts_where_the_paper_puts_them() -> None:
+    [half] = [w for w in power.worlds(BY_ID["C15"]) if w.role == "half"]
+    range_part, memory_part = half.parts
+    assert range_part.effect(0, 1) == pytest.approx(math.log(1.3) / 2)  # half the span's low end
+    assert memory_part.effect(0, 1) == pytest.approx(2 * math.log(1.05))  # the paper-right world
+    [alone] = [w for w in power.worlds(BY_ID["C15"].parts[0]) if w.role == "half"]
+    assert shares(BY_ID["C15"].parts[0], alone).get("supported", 0) <= 0.05
 
 
 def test_every_span_claim_has_both_ends_end_to_end_no_effect_and_half_the_effect() -> None:
@@ -98,11 +109,11 @@ def test_the_drawn_world_holds_the_effect_it_states() -> None:
     data = power.draw_results(claim, end_to_end, [], "paper", EXPERIMENTS, 200, 0.02,
                               np.random.default_rng(0))
     [run] = data["table3_pin_memory"]
-    means = run.trials.groupby(["gpus", "pin_memory"])["train_time_s"].mean()
+    by_config = run.trials.groupby(["gpus", "pin_memory"])["train_time_s"]
+    means = by_config.mean()
     reductions = {g: 100 * (1 - means[(g, True)] / means[(g, False)]) for g in (1, 2, 3, 4)}
     assert reductions[1] == pytest.approx(30, abs=1) and reductions[4] == pytest.approx(16, abs=1)
-    assert math.isclose(run.trials["train_time_s"].std() / run.trials["train_time_s"].mean(), 0.1,
-                        abs_tol=0.1)
+    assert (by_config.std() / means).tolist() == pytest.approx([0.02] * 8, abs=0.004)
 
 
 def test_claims_power_prints_each_world_and_refuses_an_unknown_claim(
@@ -120,3 +131,24 @@ def test_claims_power_prints_each_world_and_refuses_an_unknown_claim(
                      "--json", "--no-needed"]) == 0
     [entry] = __import__("json").loads(capsys.readouterr().out)
     assert entry["trials"] == 5 and len(entry["worlds"]) == 5  # the kick profile: 1 GPU, 5 trials
+
+
+def test_the_measured_cv_is_the_median_over_configs_of_their_own_spread() -> None:
+    import pandas as pd
+
+    from multicard import spec
+
+    s = spec.load(EXPERIMENTS / "table2_precision.toml")
+    frame = pd.DataFrame({"config_id": ["a"] * 3 + ["b"] * 3 + ["c"],
+                          "train_time_s": [9.0, 10.0, 11.0, 19.0, 20.0, 21.0, 5.0]})
+    cv, configs = power.measured_cv([(s, frame)])
+    assert configs == 2 and cv == pytest.approx((0.1 + 0.05) / 2)  # "c" has one trial: no spread
+    assert power.measured_cv([(s, frame.iloc[6:])]) == (None, 0)
+
+
+def test_claims_power_calibrated_on_no_run_is_bad_input(tmp_path: pytest.TempPathFactory,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from multicard import cli
+
+    assert cli.main(["claims", "power", "--claim", "C1", "--calibrate", str(tmp_path)]) == 2
+    assert "multicard: error:" in capsys.readouterr().err

@@ -136,6 +136,12 @@ def display_effects(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _needed_text(entry: Any) -> str:
+    if not entry.searched:
+        return "–"
+    return str(entry.needed) if entry.needed is not None else "> 30"
+
+
 def display_power(found: list[Any]) -> pd.DataFrame:
     """`multicard claims power`: one row per claim, world and CV (power.ClaimPower rows): the share
     of runs that read each verdict, and the trials per config 80 % supported needs."""
@@ -153,8 +159,7 @@ def display_power(found: list[Any]) -> pd.DataFrame:
                          "contradicted": f"{row.shares.get('contradicted', 0.0):.2f}",
                          "inconclusive": f"{row.shares.get('inconclusive', 0.0):.2f}",
                          "other": f"{other:.2f}",
-                         "trials for 80 %": (entry.needed if entry.needed is not None else "> 30")
-                         if row is first_paper else ""})
+                         "trials for 80 %": _needed_text(entry) if row is first_paper else ""})
     columns = ["claim", "CV", "world", "holds", "trials", "supported", "contradicted", "inconclusive",
                "other", "trials for 80 %"]
     return pd.DataFrame(rows, columns=columns).fillna("")
