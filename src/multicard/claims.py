@@ -699,17 +699,21 @@ def _numa(claim: Claim, runs: list[Results]) -> Verdict:
 
 
 def _thin_numa_arms(run: Results) -> str:
-    """The 3-4 GPU arms of the NUMA test's first question that have fewer than min_ok trials."""
-    frame = _with_fixed(run.trials, run.spec)
+    """The 3-4 GPU configs of the NUMA test's first question (each loader under none and local, in
+    every layout or other factor) that have ok trials but fewer than min_ok."""
+    frame = run.trials
+    if frame.empty or not {"loader", "numa_policy", "gpus"} <= set(frame):
+        return ""
     needed = [("torch", "none"), ("dali", "none"), ("torch", "local"), ("dali", "local")]
     thin = []
     for gpus in summarize.PENALTY_GPUS:
         for loader, policy in needed:
-            n = int(((frame.get("loader") == loader) & (frame.get("numa_policy") == policy)
-                     & (frame.get("gpus") == gpus)).sum()) if {"loader", "numa_policy", "gpus"} \
-                <= set(frame) else 0
-            if 0 < n < run.spec.min_ok:
-                thin.append(f"{loader}/{policy} at {gpus} GPUs: n = {n} < {run.spec.min_ok}")
+            arm = frame[(frame["loader"] == loader) & (frame["numa_policy"] == policy)
+                        & (frame["gpus"] == gpus)]
+            for _, config in arm.groupby("config_id", sort=False):
+                if len(config) < run.spec.min_ok:
+                    thin.append(f"{loader}/{policy} at {gpus} GPUs: n = {len(config)} < {run.spec.min_ok}")
+                    break
     return "; ".join(thin)
 
 

@@ -499,3 +499,11 @@ def test_a_negative_span_widens_away_from_no_effect() -> None:
     slower = replace(BY_ID["C1"], range=(-30.0, -20.0), tolerance=0.5)
     low, high = claims.span_band(slower)
     assert low == pytest.approx(1.5 * math.log(0.7)) and high == pytest.approx(0.5 * math.log(0.8))
+
+
+def test_the_numa_part_counts_trials_per_config_not_pooled_over_layouts() -> None:
+    # 3 trials in each config, 6 per (loader, policy, GPUs) over both layouts: still too few
+    rows = [{**r, "layout": layout} for layout in ("nchw", "nhwc")
+            for r in numa_rows([8.0, 8.1, 7.9, 8.05, 7.95]) if r["trial"] < 3]
+    v = claims.judge(BY_ID["C10"].parts[1], results("numa_binding", rows))
+    assert v.verdict == "inconclusive" and "torch/none at 3 GPUs: n = 3 < 5" in v.why
