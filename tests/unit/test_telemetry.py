@@ -98,8 +98,10 @@ def test_the_trial_sampler_sees_a_stray_context_on_a_gpu_outside_the_trial(
     assert "stray_contexts" not in sampler.unmeasured()
     kept = json.loads((Path(str(tmp_path)) / telemetry.PROCESSES_FILE).read_text())
     assert kept["trial_gpus"] == ["GPU-a"]
-    assert kept["processes"] == [{"pid": os.getpid(), "gpu": "GPU-a", "bytes": 4 << 30},
-                                 {"pid": child.pid, "gpu": "GPU-b", "bytes": 300 << 20}]
+    # listed in pid order: the child's pid is lower than ours once the pids have wrapped around
+    assert kept["processes"] == sorted([{"pid": os.getpid(), "gpu": "GPU-a", "bytes": 4 << 30},
+                                        {"pid": child.pid, "gpu": "GPU-b", "bytes": 300 << 20}],
+                                       key=lambda entry: entry["pid"])
     cpu_only = telemetry.TrialMemorySampler([])
     assert cpu_only.metrics()["stray_contexts"] is None
     assert cpu_only.unmeasured()["stray_contexts"] == "CPU run: no GPU"
