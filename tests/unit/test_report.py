@@ -319,3 +319,14 @@ def test_a_collections_budget_plan_is_said_and_a_broken_one_is_named(tmp_path: P
                     "table2_precision@paper": ["5", "all", "unchanged", "nothing"]}
     assert "`broken/budget.json` is not a budget plan" in section
     assert document._budget_section([plain]) == ""
+
+
+def test_a_skipped_config_is_not_counted_as_a_failed_attempt() -> None:
+    import pandas as pd
+
+    from multicard.report import document
+
+    failed = pd.DataFrame({"status": ["skipped", "skipped", "failed", "timeout"]})
+    assert document._not_ok_text(failed) == ("2 failed attempt(s), 2 skipped (not runnable here, "
+                                             "the reason in each record)")
+    assert document._not_ok_text(failed.iloc[:0]) == "0 failed attempt(s)"

@@ -195,7 +195,7 @@ def _experiment_section(run: RunData, name: str, out: Path, echo: Callable[[str]
         "",
         f"Experiment `{spec.name}` ({spec.paper or 'extension'}), profile `{spec.profile}`, "
         f"run `{_rel(run.path, out)}`: {len(trials)} of {run.planned} planned trials ok, "
-        f"{len(failed)} failed attempt(s).",
+        f"{_not_ok_text(failed)}.",
         "",
         f"Fixed settings: {fixed}.",
         "",
@@ -308,6 +308,14 @@ def _trace_sections(spec: Spec, records: list[dict[str, Any]], name: str, tables
                   "", write_tables(tables / f"{name}_pauses", display_pause_table(spec, pauses),
                                     pauses.to_csv(index=False))]
     return lines
+
+
+def _not_ok_text(failed: pd.DataFrame) -> str:
+    """"1 failed attempt(s)", or with skips apart: a skipped config (a policy this machine cannot
+    run) did not fail."""
+    skipped = int((failed["status"] == "skipped").sum()) if len(failed) else 0
+    text = f"{len(failed) - skipped} failed attempt(s)"
+    return text + (f", {skipped} skipped (not runnable here, the reason in each record)" if skipped else "")
 
 
 def numa_section(spec: Spec, trials: pd.DataFrame,
