@@ -183,8 +183,9 @@ def test_a_killed_worker_is_named_by_its_pid_and_signal(tree: Path) -> None:
     next(batches)
     assert loader.dead_workers(wait_s=0) == []  # all alive
     [worker] = loader.iterator._workers  # type: ignore[attr-defined]
-    # the DataLoader's SIGCHLD handler raises in the main thread at any moment after the kill
-    with pytest.raises((RuntimeError, ConnectionError)):
+    # the DataLoader's SIGCHLD handler raises in the main thread at any moment after the kill; a
+    # kill in the middle of handing a batch's shared memory over reads as EOFError instead
+    with pytest.raises((RuntimeError, ConnectionError, EOFError)):
         os.kill(worker.pid, signal.SIGKILL)
         list(batches)
     assert loader.dead_workers() == [(worker.pid, -signal.SIGKILL)]
