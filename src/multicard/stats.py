@@ -7,9 +7,9 @@ standard deviation (ddof=1), a 95% confidence interval of the mean, median, min 
 - the interval of a mean is Cox's interval for the mean of a log-normal sample (Olsson 2005) when
   every value is positive: it never reaches below zero, as a t interval on two samples does (a
   t interval, clipped at zero, only for samples holding zeros);
-- a speedup is the ratio of means with Welch's t interval on log values (an interval for the ratio
-  of geometric means, which is the ratio of means when both arms have the same relative noise);
-  a sample holding zeros uses Fieller's interval for a ratio of means instead. Its coverage is
+- a speedup is the ratio of geometric means with Welch's t interval on log values (the ratio of
+  means when both arms have the same relative noise), point and interval of one estimand;
+  a sample holding zeros uses the ratio of means and Fieller's interval for it instead. Its coverage is
   tested by simulation (tests/unit/test_stats.py); the percentile bootstrap, which covers 80 % at
   n = 3, is kept as a cross-check column only;
 - a difference of means (accuracy points) has Welch's t interval, and so has the change of a log
@@ -57,9 +57,11 @@ class Summary:
 
 @dataclass(frozen=True)
 class Ratio:
-    """mean(baseline) / mean(other): > 1 means `other` is faster when the metric is a time.
+    """baseline over other: > 1 means `other` is faster when the metric is a time.
 
-    `method` names the interval ("welch-log", "fieller", or "" when it is undefined);
+    `method` names the interval ("welch-log", "fieller", or "" when it is undefined). The point
+    is of the interval's estimand: the ratio of geometric means under "welch-log", the ratio of
+    arithmetic means under "fieller" and where no interval is defined;
     `boot_lo`/`boot_hi` are the percentile bootstrap's, a cross-check only."""
 
     value: float
@@ -146,9 +148,11 @@ def count_outliers(values: ArrayLike) -> int:
 
 def ratio_of_means(baseline: ArrayLike, other: ArrayLike, seed: int = 0,
                    resamples: int = BOOTSTRAP_RESAMPLES, cross_check: bool = True) -> Ratio:
-    """mean(baseline)/mean(other) with its 95% interval (module docstring), and the seeded
-    percentile bootstrap's beside it when `cross_check`. The interval is undefined (NaN) with
-    fewer than two values in a group: one sample says nothing about its own spread."""
+    """baseline over other with its 95% interval (module docstring), and the seeded percentile
+    bootstrap's beside it when `cross_check`. The point estimates what the interval covers: the
+    ratio of geometric means beside Welch's log interval, of arithmetic means beside Fieller's.
+    The interval is undefined (NaN) with fewer than two values in a group: one sample says
+    nothing about its own spread."""
     b, o = np.asarray(baseline, dtype=float), np.asarray(other, dtype=float)
     if len(b) == 0 or len(o) == 0 or o.mean() == 0:
         return Ratio(NAN, NAN, NAN, len(b), len(o))
@@ -157,6 +161,7 @@ def ratio_of_means(baseline: ArrayLike, other: ArrayLike, seed: int = 0,
         return Ratio(value, NAN, NAN, len(b), len(o))
     if np.all(b > 0) and np.all(o > 0):
         (lo, hi), method = welch_log_interval(b, o), "welch-log"
+        value = math.exp(float(np.log(b).mean() - np.log(o).mean()))
     else:
         (lo, hi), method = fieller_interval(b, o), "fieller"
     boot = bootstrap_interval(b, o, seed, resamples) if cross_check else (NAN, NAN)

@@ -89,6 +89,14 @@ def test_ratio_of_means_with_welchs_interval_on_log_times() -> None:
     assert stats.ratio_of_means(base, other) == r
 
 
+def test_a_ratios_point_is_of_the_same_estimand_as_its_interval() -> None:
+    # skewed arms: the ratio of arithmetic means (1.5) is not the ratio of geometric means
+    base, other = [1.0, 1.0, 4.0], [1.0, 1.0, 1.0]
+    r = stats.ratio_of_means(base, other, cross_check=False)
+    assert r.value == pytest.approx(4 ** (1 / 3)) and r.value != pytest.approx(2.0)
+    assert math.log(r.value) == pytest.approx((math.log(r.ci_lo) + math.log(r.ci_hi)) / 2)
+
+
 def test_the_bootstrap_cross_check_is_seeded() -> None:
     # five values a side: enough resamples differ that the seed shows in the interval
     base = np.array([10.0, 12.0, 11.0, 10.5, 11.7])
