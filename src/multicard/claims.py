@@ -34,7 +34,9 @@ ratio, the effect):
   test with the tolerance), `dominates` (C18: summed trace metrics), `all` (parts: contradicted if
   any part is, supported if all are).
 A metric named `trace.<key>` reads the traced trials' summaries. Failed and timed-out attempts of
-a group are named in its why ("precision=fp64: 2 of 5 attempts timed out"); a group whose arm
+a group are named in its why ("precision=fp64: 2 of 5 attempts timed out"), and a timed-out
+attempt censors its group (its time only exceeds the timeout: the ok trials' mean is biased
+low), which then decides nothing; a group whose arm
 failed every attempt for a resource (out of memory: what C17 says of QAT) is an outcome, left
 out of a comparison and named.
 """
@@ -63,6 +65,10 @@ QUANTITIES = ("ratio", "gain_pct", "time_reduction_pct")
 CONSISTENT = "consistent (imprecise)"
 VERDICTS = ("supported", "contradicted", CONSISTENT, "mixed", "inconclusive", "invalid", "not run")
 TRACED_MIN_OK = 3  # traced trials per config before a trace metric decides anything
+# a group with a timed-out attempt: its time is only known to exceed the timeout, so the ok
+# trials' mean is biased low; it decides nothing (and a resume does not run the attempt again)
+CENSORED = "censored"
+UNDECIDED = ("too few", CENSORED)
 # kinds whose verdict reads a tolerance: [tolerance.<kind>] of the claims file, or the claim's own
 TOLERANT_KINDS = ("range", "direction", "negligible", "not_worse", "numa", "shrinks")
 # how a ratio mean(against) / mean(compare) is read as the number the paper states
@@ -319,7 +325,9 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
             label = ", ".join(f"{k}={v}" for k, v in zip(others, keys, strict=True)) or "all"
             where = dict(zip(others, keys, strict=True))
             lost = _attempt_notes(claim, run, where, traced)
-            if a and b:
+            if a and b and _timed_out(claim, run, where, traced):
+                groups.append(replace(_group(claim, label, a, b, minimum), decision=CENSORED))
+            elif a and b:
                 groups.append(_group(claim, label, a, b, minimum))
             elif outcome := _resource_outcome(claim, run, where, traced, (a, b)):
                 left_out.append(f"{label} left out: {outcome}")
@@ -370,6 +378,13 @@ def _resource_outcome(claim: Claim, run: Results, group: Mapping[str, Any], trac
     return ""
 
 
+def _timed_out(claim: Claim, run: Results, group: Mapping[str, Any], traced: bool) -> bool:
+    """Whether an arm of the group has an attempt that ran past its timeout: a value censored
+    at `timeout_s`, which the ok trials' mean would leave out (the slowest, dropped)."""
+    return any(r["status"] == "timeout" for arm in (claim.against, claim.compare)
+               for r in _arm_attempts(claim, run, group, arm, traced))
+
+
 def _attempt_notes(claim: Claim, run: Results, group: Mapping[str, Any], traced: bool) -> list[str]:
     """"precision=fp64: 2 of 5 attempts timed out" for each arm of a group that lost attempts."""
     notes = []
@@ -404,7 +419,7 @@ def reads(claim: Claim, experiment: str, config: Mapping[str, Any]) -> bool:
 
 def _verdict(claim: Claim, groups: list[Evidence], notes: list[str]) -> Verdict:
     groups = _best_per_label(groups)
-    decisions = ["inconclusive" if g.decision == "too few" else g.decision for g in groups]
+    decisions = ["inconclusive" if g.decision in UNDECIDED else g.decision for g in groups]
     verdict = _across(decisions)
     why = _why(groups, verdict)
     if notes:
@@ -542,8 +557,11 @@ def _why(groups: list[Evidence], verdict: str) -> str:
         by.setdefault(g.decision, []).append(g.label)
     parts = []
     for decision, labels in by.items():
-        named = verdict in ("mixed", "inconclusive", CONSISTENT) or decision == "too few"
-        if decision == "too few":
+        named = verdict in ("mixed", "inconclusive", CONSISTENT) or decision in UNDECIDED
+        if decision == CENSORED:
+            parts.append(f"{len(labels)} censored by a timed-out attempt, undecided "
+                         f"({', '.join(labels)})")
+        elif decision == "too few":
             shown = ", ".join(f"{g.label} (n = {g.n[0]}/{g.n[1]})" for g in groups
                               if g.decision == "too few")
             parts.append(f"{len(labels)} with too few ok trials per arm: {shown}")
@@ -636,6 +654,8 @@ def _shrinks(claim: Claim, runs: list[Results]) -> Verdict:
         enough = min(len(x) for pair in arms for x in pair) >= run.spec.min_ok
         if not enough:
             decision = "too few"
+        elif any(_timed_out(claim, run, {claim.along: v}, False) for v in (ends[0], ends[-1])):
+            decision = CENSORED
         elif math.isnan(change.ci_lo):
             decision = "inconclusive"
         else:
@@ -649,7 +669,7 @@ def _shrinks(claim: Claim, runs: list[Results]) -> Verdict:
                                n=(change.n_a, change.n_b), decision=decision))
     if not groups:
         return Verdict(claim, "not run", f"no run of {claim.experiment} varies {claim.along}")
-    verdict = _across(["inconclusive" if d == "too few" else d for d in decisions])
+    verdict = _across(["inconclusive" if d in UNDECIDED else d for d in decisions])
     changes = [g for g in groups if g.reading == "log ratio"]
     return Verdict(claim, verdict, _why(changes, verdict), tuple(groups))
 

@@ -116,5 +116,15 @@ def read_with_skipped(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
 
 def finished(records: Iterable[dict[str, Any]]) -> set[tuple[str, int, str]]:
     """(config_id, trial, trace mode) of every trial that has an ok record."""
+    return _keys(records, "ok")
+
+
+def censored(records: Iterable[dict[str, Any]]) -> set[tuple[str, int, str]]:
+    """(config_id, trial, trace mode) of every trial that ran past its timeout. A resume keeps
+    it as it is: running it again until a faster attempt lands would drop the slow one."""
+    return _keys(records, "timeout")
+
+
+def _keys(records: Iterable[dict[str, Any]], status: str) -> set[tuple[str, int, str]]:
     return {(r["config_id"], r["trial"], r.get("trace", "none")) for r in records
-            if r.get("status") == "ok"}
+            if r.get("status") == status}

@@ -38,3 +38,9 @@ def test_a_trial_past_its_timeout_is_killed_with_its_whole_group(tmp_path: Path)
     assert record["error"]["message"] == "killed after 3 s"
     assert record["wall_s"] < 3 + runner.KILL_GRACE_S + 5
     assert trial_processes(str(tmp_path / "run")) == []
+    # a resume keeps the timed-out attempt (a censored time) instead of running it until it is fast
+    said: list[str] = []
+    again = runner.run(spec.load(path), tmp_path / "run", echo=said.append)
+    assert (again.ok, again.failed) == (0, 0)
+    assert "0 already ok, 1 timed out (kept, censored: not run again), 0 to run" in said[0]
+    assert len(store.read(tmp_path / "run" / "trials.jsonl")) == 1

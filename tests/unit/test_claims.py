@@ -155,6 +155,19 @@ def test_failed_and_timed_out_attempts_are_named_in_the_verdict() -> None:
     assert v.why.endswith("precision=fp64, gpus=1: 2 of 7 attempts not ok (2 timed out)")
 
 
+def test_a_timed_out_attempt_censors_its_group_which_then_decides_nothing() -> None:
+    # five ok fp64 trials alone would support C1 (a 60 % gain); the sixth ran past its timeout, so
+    # fp64's true mean is higher than theirs by an unknown amount: undecided, and said so
+    fp64 = {"precision": "fp64", "gpus": 1}
+    ok = [{"experiment": "table2_precision", "config": fp64, "config_id": "x", "trial": t,
+           "status": "ok", "metrics": {}, "error": None} for t in range(5)]
+    late = [{**ok[0], "trial": 5, "status": "timeout", "error": {"type": "Timeout"}}]
+    assert verdict("C1", table2([10.0, 10.05, 9.95, 10.02, 9.98], records=ok)).verdict == "supported"
+    v = verdict("C1", table2([10.0, 10.05, 9.95, 10.02, 9.98], records=ok + late))
+    assert v.verdict == "inconclusive" and [e.decision for e in v.evidence] == ["censored"]
+    assert "1 censored by a timed-out attempt, undecided (gpus=1)" in v.why
+
+
 # --- direction, across groups ---------------------------------------------------------------------
 
 def llm(step_times: dict[tuple[str, int], list[float]], metric: str = "step_time_median_s"
