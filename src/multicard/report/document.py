@@ -138,7 +138,8 @@ INTERVALS_NOTE = (
     "n counts ok timing trials. Intervals are 95 %: of a mean, Cox's interval for a log-normal "
     "sample (a t interval clipped at 0 where values are 0), and for a proportion (accuracy, a "
     "fraction) a logit-scale interval that stays inside (0, 1); of a speedup, the ratio of "
-    "geometric means with Welch's t on log values, or of means with Fieller's where values are 0; the percentile bootstrap is in the "
+    "geometric means with Welch's t on log values, or of means with Fieller's where values are "
+    "0; the percentile bootstrap is in the "
     "CSV beside it as a cross-check only (it covers about 80 % at n = 3). A claim is decided only "
     "from at least {min_ok} ok trials per arm. The intervals describe trial-to-trial noise on "
     "this machine; they say nothing about another machine.")
