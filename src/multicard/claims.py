@@ -267,6 +267,42 @@ def evaluate(claims: Iterable[Claim], results: Mapping[str, list[Results]]) -> l
     return [judge(c, results) for c in claims]
 
 
+# verdicts that reject a hypothesis (the claim's band, or its complement), which a family of
+# judgements must pay for; the others reject nothing
+DECISIVE = ("supported", "contradicted", "mixed")
+HOLM_UNDECIDED = "inconclusive (Holm)"
+FAMILY_ALPHA = 1 - stats.CONFIDENCE  # the raw verdicts' two-sided level, now for the family
+
+
+def judged(verdicts: Iterable[Verdict]) -> int:
+    """How many verdicts are judgements: all but `not run` and `invalid`, which test nothing."""
+    return sum(v.verdict not in ("not run", "invalid") for v in verdicts)
+
+
+def holm(verdicts: list[Verdict], results: Mapping[str, list[Results]],
+         alpha: float = FAMILY_ALPHA) -> list[str]:
+    """Each verdict after Holm's step-down over the family of judged claims: a decisive verdict
+    stands only where it still holds with intervals at 1 - alpha / (m - k), k being the verdicts
+    that stood before it (run as passes: every verdict that holds at a pass's level stands, as
+    Holm's sorted p-values would have it); one that does not becomes HOLM_UNDECIDED. The chance
+    of any wrong decisive verdict is then at most that of one raw verdict."""
+    adjusted = [v.verdict for v in verdicts]
+    family = judged(verdicts)
+    open_ = [i for i, v in enumerate(verdicts) if v.verdict in DECISIVE]
+    stood = 0
+    while open_:
+        with stats.confidence_level(1 - alpha / (family - stood)):
+            holding = [i for i in open_ if judge(verdicts[i].claim, results).verdict
+                       == verdicts[i].verdict]
+        if not holding:
+            break
+        stood += len(holding)
+        open_ = [i for i in open_ if i not in holding]
+    for i in open_:
+        adjusted[i] = HOLM_UNDECIDED
+    return adjusted
+
+
 def judge(claim: Claim, results: Mapping[str, list[Results]]) -> Verdict:
     if claim.kind == "all":
         return _combine_parts(claim, [judge(part, results) for part in claim.parts])

@@ -25,7 +25,10 @@ a first trial slower than every other (a warm-up effect that crosses trials).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +36,7 @@ from numpy.typing import ArrayLike
 from scipy import stats as sps
 
 CONFIDENCE = 0.95
+_LEVEL = contextvars.ContextVar("confidence", default=CONFIDENCE)
 BOOTSTRAP_RESAMPLES = 10_000
 OUTLIER_Z = 3.5  # Iglewicz & Hoaglin's cut-off for the modified z-score
 MAD_TO_SIGMA = 0.6745  # MAD of a standard normal
@@ -103,7 +107,7 @@ def summarize(values: ArrayLike, proportion: bool = False) -> Summary:
                    count_outliers(x))
 
 
-def mean_ci(values: ArrayLike, confidence: float = CONFIDENCE) -> tuple[float, float]:
+def mean_ci(values: ArrayLike, confidence: float | None = None) -> tuple[float, float]:
     """Interval of the mean: Cox's log-normal interval for positive values, else Student's t
     (clipped at zero for values that are all >= 0); (NaN, NaN) for fewer than two values."""
     x = np.asarray(values, dtype=float)
@@ -117,7 +121,7 @@ def mean_ci(values: ArrayLike, confidence: float = CONFIDENCE) -> tuple[float, f
     return (max(0.0, low) if np.all(x >= 0) else low), float(x.mean() + half)
 
 
-def _cox_interval(logs: np.ndarray, confidence: float) -> tuple[float, float]:
+def _cox_interval(logs: np.ndarray, confidence: float | None) -> tuple[float, float]:
     n = len(logs)
     mean, var = float(logs.mean()), float(logs.var(ddof=1))
     half = _t(confidence, n - 1) * math.sqrt(var / n + var**2 / (2 * (n - 1)))
@@ -125,8 +129,28 @@ def _cox_interval(logs: np.ndarray, confidence: float) -> tuple[float, float]:
     return math.exp(centre - half), math.exp(centre + half)
 
 
-def _t(confidence: float, df: float) -> float:
-    return float(sps.t.ppf(0.5 + confidence / 2, df))
+def _t(confidence: float | None, df: float) -> float:
+    level = _LEVEL.get() if confidence is None else confidence
+    return float(sps.t.ppf(0.5 + level / 2, df))
+
+
+@contextlib.contextmanager
+def confidence_level(level: float) -> Iterator[None]:
+    """Intervals at `level` instead of 95 % where no confidence is passed (a multiplicity
+    adjustment re-judges the claims with wider intervals: claims.holm)."""
+    token = _LEVEL.set(level)
+    try:
+        yield
+    finally:
+        _LEVEL.reset(token)
+
+
+def family_error(judgements: int,
+                 per_judgement: float = (1 - CONFIDENCE) / 2) -> tuple[float, float]:
+    """The chance that at least one of `judgements` verdicts is wrong when each errs with
+    probability `per_judgement` (2.5 %: a one-sided test at 2.5 %, the truth at its band's end):
+    independent, and the Bonferroni bound, which holds whatever their dependence."""
+    return 1 - (1 - per_judgement) ** judgements, min(1.0, judgements * per_judgement)
 
 
 def count_outliers(values: ArrayLike) -> int:
@@ -169,7 +193,7 @@ def ratio_of_means(baseline: ArrayLike, other: ArrayLike, seed: int = 0,
 
 
 def welch_log_interval(b: np.ndarray, o: np.ndarray,
-                       confidence: float = CONFIDENCE) -> tuple[float, float]:
+                       confidence: float | None = None) -> tuple[float, float]:
     """exp of Welch's t interval for mean(log b) - mean(log o)."""
     lb, lo = np.log(b), np.log(o)
     vb, vo = lb.var(ddof=1) / len(lb), lo.var(ddof=1) / len(lo)
@@ -182,7 +206,7 @@ def welch_log_interval(b: np.ndarray, o: np.ndarray,
 
 
 def fieller_interval(b: np.ndarray, o: np.ndarray,
-                     confidence: float = CONFIDENCE) -> tuple[float, float]:
+                     confidence: float | None = None) -> tuple[float, float]:
     """Fieller's interval for mean(b)/mean(o), Welch-Satterthwaite degrees of freedom; (NaN,
     NaN) when mean(o) is not clearly away from zero (the interval would be unbounded)."""
     mb, mo = float(b.mean()), float(o.mean())
@@ -214,7 +238,7 @@ def _mean_ratio(b: np.ndarray, o: np.ndarray, axis: int = -1) -> np.ndarray:
     return b.mean(axis=axis) / o.mean(axis=axis)
 
 
-def difference_of_means(a: ArrayLike, b: ArrayLike, confidence: float = CONFIDENCE) -> Difference:
+def difference_of_means(a: ArrayLike, b: ArrayLike, confidence: float | None = None) -> Difference:
     """mean(a) - mean(b) with Welch's t interval (NaN with fewer than two values in a group)."""
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if len(x) == 0 or len(y) == 0:
@@ -231,7 +255,7 @@ def difference_of_means(a: ArrayLike, b: ArrayLike, confidence: float = CONFIDEN
 
 
 def log_ratio_change(first: tuple[ArrayLike, ArrayLike], last: tuple[ArrayLike, ArrayLike],
-                     confidence: float = CONFIDENCE) -> Difference:
+                     confidence: float | None = None) -> Difference:
     """How much a log ratio changes between two settings: (mean log b1 - mean log o1) -
     (mean log b2 - mean log o2) for `first` = (b1, o1) and `last` = (b2, o2), all values
     positive, with Welch's t interval over the four independent samples (Satterthwaite's
@@ -251,7 +275,7 @@ def log_ratio_change(first: tuple[ArrayLike, ArrayLike], last: tuple[ArrayLike, 
     return Difference(value, value - half, value + half, len(b1), len(b2))
 
 
-def proportion_mean_ci(values: ArrayLike, confidence: float = CONFIDENCE) -> tuple[float, float]:
+def proportion_mean_ci(values: ArrayLike, confidence: float | None = None) -> tuple[float, float]:
     """Interval of the mean of values in [0, 1] (accuracies, fractions) that stays inside
     (0, 1): Student's t on the logit scale around the mean, its standard error carried over by
     the delta method (se / (p (1 - p))), mapped back. Same estimand as the mean itself; (NaN,

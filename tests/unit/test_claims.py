@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from multicard import claims, spec
+from multicard import claims, spec, stats
 from multicard.errors import InputError
 from tests.helpers import EXPERIMENTS
 
@@ -473,6 +473,41 @@ def test_a_group_whose_arm_ran_out_of_memory_is_an_outcome_left_out_and_named() 
 def test_a_group_whose_arm_only_timed_out_still_makes_the_claim_inconclusive() -> None:
     v = verdict("C13", qat_out_of_memory_at_one_gpu("timeout"))
     assert v.verdict == "inconclusive" and "too few ok trials per arm: method=qat" in v.why
+
+
+# --- multiplicity ------------------------------------------------------------------------------
+
+def five_fp32(spread: float) -> list[float]:
+    return [10 - 2 * spread, 10 - spread, 10.0, 10 + spread, 10 + 2 * spread]
+
+
+@pytest.mark.parametrize(("spread", "others", "expected"), [
+    (0.1, "inconclusive", "supported"),              # clear: holds at 1 - 0.05 / 21 too
+    (0.5, "inconclusive", claims.HOLM_UNDECIDED),    # marginal in a family of 21 judgements
+    (0.5, "not run", "supported"),                   # alone: not-run verdicts judge nothing
+])
+def test_holm_keeps_a_clear_verdict_and_undoes_a_marginal_one_in_a_large_family(
+        spread: float, others: str, expected: str) -> None:
+    data = table2(five_fp32(spread))
+    raw = verdict("C1", data)
+    assert raw.verdict == "supported"
+    family = [raw] + [claims.Verdict(BY_ID["C9"], others, "")] * 20
+    assert claims.holm(family, data) == [expected] + [others] * 20
+
+
+@pytest.mark.parametrize(("others", "expected"), [(0, "supported"), (1, claims.HOLM_UNDECIDED)])
+def test_holm_steps_down_once_a_verdict_stands(others: int, expected: str) -> None:
+    # C2 is clear; C1 holds at 95 % but not at 97.5 %. With C2 standing first, C1 is judged at
+    # 1 - 0.05 / (m - 1): 95 % in a family of two (it stands), 97.5 % in one of three (it does not)
+    rows = trials({"precision": "fp64", "gpus": 1}, "train_time_s", FIVE_FP64)
+    rows += trials({"precision": "fp32", "gpus": 1}, "train_time_s", five_fp32(0.8))
+    rows += trials({"precision": "fp16", "gpus": 1}, "train_time_s", [6.95, 6.96, 6.97, 6.96, 6.96])
+    data = results("table2_precision", rows)
+    family = [verdict("C1", data), verdict("C2", data)]
+    assert [v.verdict for v in family] == ["supported", "supported"]
+    family += [claims.Verdict(BY_ID["C9"], "inconclusive", "")] * others
+    assert claims.holm(family, data) == [expected, "supported"] + ["inconclusive"] * others
+    assert stats.family_error(21) == pytest.approx((1 - 0.975**21, 0.525))
 
 
 # --- tolerances ---------------------------------------------------------------------------------------

@@ -186,6 +186,11 @@ def test_two_gpu_runs_merge_into_one_report_whose_claims_read_both(tmp_path: Pat
     assert verdicts["C15"] == "**not run**"
     assert ("19 claims: 2 supported, 0 contradicted, 0 consistent (imprecise), 0 mixed, "
             "0 inconclusive, 0 invalid, 17 not run") in text
+    holm = {row[0]: row[4] for row in rows((out / "tables" / "claims.md").read_text()).values()}
+    assert holm["C1"] == holm["C14"] == "supported"  # clear enough for a family of two
+    assert ("Of 2 judgements, each raw verdict is wrong at most 2.5 % of the time (the truth at its "
+            "band's end), so at least one of them is wrong up to 5% of the time") in text
+    assert "0 verdict(s) do not stand there (inconclusive (Holm))" in text
     # compute spent: 10 + 10 trials of 1 h; table 2 at 2 GPUs, table 5 at 1
     assert "20.000 GPU-hours" in text and "10.000 GPU-hours" in text
     assert artifact.verify(out).ok

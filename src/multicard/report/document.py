@@ -15,7 +15,7 @@ import pandas as pd
 from tabulate import tabulate
 
 import multicard
-from multicard import artifact, claims, cost, summarize
+from multicard import artifact, claims, cost, stats, summarize
 from multicard.report.figures import plot_breakdown, plot_ladder, plot_primary, plot_time_and_energy
 from multicard.report.formatting import label
 from multicard.report.runs import RunData, discover_runs, load_run
@@ -379,15 +379,30 @@ def _verdicts(runs: list[RunData], claim_list: list[claims.Claim]) -> tuple[pd.D
     for run in (r for r in runs if not summarize.is_loader_only(r.spec)):
         results.setdefault(run.spec.name, []).append(claims.results_of(run.spec, run.records))
     verdicts = claims.evaluate(claim_list, results)
+    adjusted = claims.holm(verdicts, results)
     table = pd.DataFrame([{
         "claim": v.claim.id, "the paper says": v.claim.text, "paper": v.claim.paper,
-        "verdict": v.verdict, "reproduced if": criterion_text(v.claim),
+        "verdict": v.verdict, "Holm-adjusted": holm, "reproduced if": criterion_text(v.claim),
         "ours [95% CI]": evidence_text(v.evidence), "why": v.why,
         "experiment": ", ".join(_claim_experiments(v.claim)),
         "data-bound?": _bounds(v.claim, runs),
-    } for v in verdicts])
+    } for v, holm in zip(verdicts, adjusted, strict=True)])
     counts = ", ".join(f"{(table['verdict'] == k).sum()} {k}" for k in claims.VERDICTS)
-    return table, counts
+    family = claims.judged(verdicts)
+    changed = sum(a != v.verdict for v, a in zip(verdicts, adjusted, strict=True))
+    return table, counts + ". " + family_text(family, *stats.family_error(family), changed)
+
+
+def family_text(judgements: int, independent: float, bound: float, changed: int) -> str:
+    """What a table's verdicts risk together, and what the Holm column does about it."""
+    if judgements == 0:
+        return "No verdict here is a judgement (all not run or invalid): none can be wrong"
+    return (f"Of {judgements} judgements, each raw verdict is wrong at most 2.5 % of the time (the "
+            f"truth at its band's end), so at least one of them is wrong up to {independent:.0%} of "
+            f"the time if they are independent ({bound:.0%} at most, Bonferroni, whatever their "
+            "dependence). The Holm-adjusted column keeps that chance at the 2.5 % of one verdict: "
+            "Holm's step-down re-judges each decisive verdict with wider intervals; "
+            f"{changed} verdict(s) do not stand there ({claims.HOLM_UNDECIDED})")
 
 
 def _bounds(claim: claims.Claim, runs: list[RunData]) -> str:
