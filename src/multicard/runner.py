@@ -3,7 +3,7 @@
 A trial is one fresh launch (torchrun + its ranks) in a new session, so a timeout can kill the
 whole group and trials stay independent samples. Results are appended to DIR/trials.jsonl as they
 finish; running again on the same DIR does only the trials that have no ok record yet, except
-one that timed out (a censored time: run again, a faster attempt would replace it). A trial
+one that timed out: its record is a censored time, which a faster second attempt would hide. A trial
 that fails, times out or runs out of memory becomes a record with its cause; the sweep goes on.
 
 A trial across several nodes is still one process of this runner: one launcher step (srun) that
@@ -213,14 +213,15 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
                  nodes: Nodes | None = None) -> RunOutcome:
     trials_file = out / store.TRIALS_FILE
     records = store.read(trials_file)
-    done, late = store.finished(records), store.censored(records) - store.finished(records)
+    done = store.finished(records)
+    late = store.censored(records) - done
     planned = specmod.plan(spec)
-    todo = [p for p in planned if p.key not in done | late]
+    todo = [p for p in planned if p.key not in done and p.key not in late]
     estimates = [cost.trial_seconds(spec.workload, p.params) for p in todo]
     kept = sum(p.key in late for p in planned)
     censored = f", {kept} timed out (kept, censored: not run again)" if kept else ""
     echo(f"{spec.name} ({spec.profile}): {len(planned)} trials planned, "
-         f"{len(planned) - len(todo) - kept} already ok{censored}, {len(todo)} to run, "
+         f"{sum(p.key in done for p in planned)} already ok{censored}, {len(todo)} to run, "
          f"estimated {format_duration(sum(estimates))}")
     ok = failed = skipped = 0
     walls: list[float] = []
