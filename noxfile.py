@@ -222,7 +222,8 @@ def locks_download(session: nox.Session) -> None:
 
 # The paper's experiments in the order `reproduce` runs them: (experiment, profile).
 PAPER_RUNS = (
-    ("table2_precision", "paper"), ("table3_pin_memory", "paper"), ("figure6_loaders", "paper"),
+    ("table2_precision", "paper"), ("table2_precision", "traced"), ("table3_pin_memory", "paper"),
+    ("figure6_loaders", "paper"),
     ("figure6_loaders", "loader_only"), ("nhwc_layout", "paper"), ("numa_binding", "paper"),
     ("numa_binding", "controls"), ("numa_binding", "dali_affinity"), ("table4_llm_methods", "paper"),
     ("table4_llm_methods", "traced"), ("table5_llm_pin_memory", "paper"),

@@ -4,8 +4,11 @@ Levers, in the order they are pulled (each only as far as the budget needs):
 1. configs no claim reads (no claim's arms or parts match them) are dropped, the experiment where
    they cost the most first (an experiment that no claim reads at all keeps its configs: its
    question is its own; a loader_only run's configs are never claimed);
-2. trials per config go down, all experiments one step at a time, never below the verdict minimum
-   (`[trials].min_ok`: fewer ok trials and no verdict could use them);
+2. trials per config go down, never below the verdict minimum (`[trials].min_ok`: fewer ok
+   trials and no verdict could use them): given the claims' power (`power`: the least P(supported)
+   where the paper is right among an experiment's claims at n trials, power.paper_support), one
+   trial at a time from the experiment that keeps the most power without it, so the trials stay
+   where power is lowest; without it, all experiments one step at a time;
 3. epochs go down (halved each step, the costliest experiment first), never below what the
    claims need: an experiment with an accuracy claim keeps its epochs (the paper's 20: accuracy
    is the claim), any other keeps at least MIN_EPOCHS (a pause before a later epoch needs one).
@@ -69,6 +72,11 @@ class Choice:
         return settings if self.epochs is None else {**settings, "epochs": self.epochs}
 
 
+# (experiment, trials per config) -> the least P(supported) where the paper is right among its
+# claims, None when none can be simulated
+Power = Callable[["Experiment", int], "float | None"]
+
+
 @dataclass(frozen=True)
 class Budgeted:
     fits: bool
@@ -99,7 +107,8 @@ def epoch_floor(workload: str, epochs: int | None, metrics: Iterable[str]) -> in
     return epochs if ACCURACY_METRICS & set(metrics) else min(epochs, MIN_EPOCHS)
 
 
-def fit(experiments: list[Experiment], budget_s: float, estimate: Seconds) -> Budgeted:
+def fit(experiments: list[Experiment], budget_s: float, estimate: Seconds,
+        power: Power | None = None) -> Budgeted:
     """The plan that fits `budget_s` with the least given up, lever by lever."""
     choices = [Choice(e, e.trials, None, tuple(cid for cid, _, _ in e.configs)) for e in experiments]
 
@@ -108,7 +117,11 @@ def fit(experiments: list[Experiment], budget_s: float, estimate: Seconds) -> Bu
 
     if total(choices) <= budget_s:
         return Budgeted(True, tuple(choices), total(choices))
-    for step in (_fewer_configs, _fewer_trials, _fewer_epochs):
+    def fewer_trials(current: list[Choice], estimate: Seconds) -> list[Choice] | None:
+        return _fewer_trials(current, estimate) if power is None else \
+            _trials_by_power(current, estimate, power)
+
+    for step in (_fewer_configs, fewer_trials, _fewer_epochs):
         while total(choices) > budget_s and (smaller := step(choices, estimate)) is not None:
             choices = smaller
         if total(choices) <= budget_s:
@@ -136,6 +149,23 @@ def _fewer_trials(choices: list[Choice], estimate: Seconds) -> list[Choice] | No
     if all(c.trials <= c.experiment.min_ok for c in choices):
         return None
     return [replace(c, trials=min(c.trials, max(c.experiment.min_ok, c.trials - 1))) for c in choices]
+
+
+def _trials_by_power(choices: list[Choice], estimate: Seconds, power: Power) -> list[Choice] | None:
+    """One trial less in the experiment whose claims keep the most power without it (the
+    costliest of equals); an experiment whose power is unknown counts as powerless (kept)."""
+    above = [i for i, c in enumerate(choices) if c.trials > c.experiment.min_ok]
+    if not above:
+        return None
+
+    def kept(i: int) -> tuple[float, float]:
+        c = choices[i]
+        found = power(c.experiment, c.trials - 1)
+        return (0.0 if found is None else found, c.seconds(estimate))
+
+    chosen = max(above, key=kept)
+    c = choices[chosen]
+    return [*choices[:chosen], replace(c, trials=c.trials - 1), *choices[chosen + 1:]]
 
 
 def _fewer_epochs(choices: list[Choice], estimate: Seconds) -> list[Choice] | None:

@@ -53,6 +53,7 @@ from typing import Any
 
 import pandas as pd
 
+from multicard import spec as specmod
 from multicard import stats, summarize
 from multicard.errors import InputError
 from multicard.params import WORKLOAD_METRICS, WORKLOAD_PARAMS
@@ -325,6 +326,39 @@ def device_ok(claim: Claim, spec: Spec) -> bool:
     return claim.device == "any" or device == claim.device or device is None
 
 
+def can_decide(claim: Claim, spec: Spec) -> bool:
+    """Whether a run of `spec` as planned holds what `claim` (a claim without parts) needs to be
+    decided: its experiment on the claim's device, a config of each arm, a second level of
+    `along` (C6), and the verdict minimum of trials: ok timing trials for a timing metric (the
+    pilot's left out), 3 traced trials for a trace metric, one attempt for an outcome."""
+    if claim.experiment != spec.name or not device_ok(claim, spec):
+        return False
+    settings = [values for _, _, values in specmod.configs(spec)]
+    arms = [arm for arm in (claim.compare, claim.against) if arm]
+    if not all(any(matches(s, {**arm, **claim.where}) for s in settings) for arm in arms):
+        return False
+    if claim.kind == "shrinks" and len({s.get(claim.along) for s in settings}) < 2:
+        return False
+    if claim.kind == "outcome":
+        return True
+    if claim.kind == "dominates" or claim.metric.startswith("trace."):
+        return spec.trace != "none" and spec.trace_count >= TRACED_MIN_OK
+    return timing_trials(spec) >= spec.min_ok
+
+
+def timing_trials(spec: Spec) -> int:
+    """Timing trials per config a run of `spec` makes at most: traced ones that come first and
+    `auto`'s pilot rounds are not among them."""
+    return spec.trials - specmod.first_timing(spec) - len(specmod.pilot_trials(spec))
+
+
+def decided_by(claim: Claim, specs: list[Spec]) -> list[int]:
+    """For each part of `claim` (the claim itself without parts), whether any of `specs` can decide
+    it: 1 or 0, in the order of its parts."""
+    parts = list(claim.parts) or [claim]
+    return [int(any(can_decide(part, s) for s in specs)) for part in parts]
+
+
 def _selected(frame: pd.DataFrame, selector: Mapping[str, Any]) -> pd.Series:
     keep = pd.Series(True, index=frame.index)
     for key, wanted in selector.items():
@@ -398,7 +432,7 @@ def _arm_attempts(claim: Claim, run: Results, group: Mapping[str, Any], arm: Map
     return [r for r in run.records if r.get("experiment") == run.spec.name
             and (r.get("trace", "none") != "none") == traced
             and r["status"] not in ("skipped", "interrupted")
-            and _matches({**run.spec.fixed, **r["config"]}, {**group, **arm, **claim.where})]
+            and matches({**run.spec.fixed, **r["config"]}, {**group, **arm, **claim.where})]
 
 
 def _resource_outcome(claim: Claim, run: Results, group: Mapping[str, Any], traced: bool,
@@ -438,7 +472,7 @@ def _attempt_notes(claim: Claim, run: Results, group: Mapping[str, Any], traced:
 _STATUS_WORDS = {"timeout": "timed out", "oom": "out of memory", "failed": "failed"}
 
 
-def _matches(settings: Mapping[str, Any], selector: Mapping[str, Any]) -> bool:
+def matches(settings: Mapping[str, Any], selector: Mapping[str, Any]) -> bool:
     return all(settings.get(k) in _levels(v) for k, v in selector.items())
 
 
@@ -450,7 +484,7 @@ def reads(claim: Claim, experiment: str, config: Mapping[str, Any]) -> bool:
     if claim.experiment != experiment:
         return False
     arms = [a for a in (claim.compare, claim.against) if a]
-    return not arms or any(_matches(config, {**arm, **claim.where}) for arm in arms)
+    return not arms or any(matches(config, {**arm, **claim.where}) for arm in arms)
 
 
 def _verdict(claim: Claim, groups: list[Evidence], notes: list[str]) -> Verdict:
@@ -496,12 +530,12 @@ def _decide(claim: Claim, ratio: stats.Ratio) -> str:
     if claim.kind == "range":
         return _inside(lo, hi, point, *span_band(claim))
     if claim.kind == "direction":
-        return _one_sided(lo, hi, claim.side, _tolerance(claim))
+        return _one_sided(lo, hi, claim.side, tolerance_of(claim))
     return _inside(ratio.ci_lo, ratio.ci_hi, ratio.value,
-                   1 - _tolerance(claim), 1 + _tolerance(claim))  # negligible
+                   1 - tolerance_of(claim), 1 + tolerance_of(claim))  # negligible
 
 
-def _tolerance(claim: Claim) -> float:
+def tolerance_of(claim: Claim) -> float:
     assert claim.tolerance is not None, f"{claim.id}: loaded without its tolerance"
     return claim.tolerance
 
@@ -527,7 +561,7 @@ def span_band(claim: Claim) -> tuple[float, float]:
     holds no effect widens at both ends)."""
     assert claim.range is not None
     low, high = sorted(as_log_ratio(claim.quantity, v) for v in claim.range)
-    share = _tolerance(claim)
+    share = tolerance_of(claim)
     if low >= 0:
         return low * (1 - share), high * (1 + share)
     if high <= 0:
@@ -622,7 +656,7 @@ def _outcome(claim: Claim, runs: list[Results]) -> Verdict:
         for record in run.records:
             if record.get("experiment") == run.spec.name and record.get("status") not in (
                     "interrupted", "skipped") and record.get("trace", "none") == "none" \
-                    and _matches({**run.spec.fixed, **record["config"]}, claim.compare):
+                    and matches({**run.spec.fixed, **record["config"]}, claim.compare):
                 label = ", ".join(f"{k}={v}" for k, v in record["config"].items())
                 by_config.setdefault(label, []).append(record)
     if not by_config:
@@ -695,7 +729,7 @@ def _shrinks(claim: Claim, runs: list[Results]) -> Verdict:
         elif math.isnan(change.ci_lo):
             decision = "inconclusive"
         else:
-            decision = _one_sided(change.ci_lo, change.ci_hi, "above", _tolerance(claim))
+            decision = _one_sided(change.ci_lo, change.ci_hi, "above", tolerance_of(claim))
         decisions.append(decision)
         for value, (a, b) in zip((ends[0], ends[-1]), arms, strict=True):
             ratio = stats.ratio_of_means(a, b, cross_check=False)
@@ -744,7 +778,7 @@ def _numa(claim: Claim, runs: list[Results]) -> Verdict:
         if thin:
             answers.append(("inconclusive", f"too few ok trials ({thin})"))
             continue
-        finding = summarize.numa_findings(run.spec, run.trials, _tolerance(claim))[0]
+        finding = summarize.numa_findings(run.spec, run.trials, tolerance_of(claim))[0]
         answers.append((finding.answer, finding.why))
     if all(a == "not run" for a, _ in answers):
         return Verdict(claim, "not run", "no 3-4 GPU trials of both loaders under both none and local")

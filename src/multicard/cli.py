@@ -60,7 +60,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   sum(p.trace != "none" for p in planned) // max(1, len(spec.configs(s)))
                   for s, planned in zip(specs, plans, strict=True)]
         return _print_budget(specs, traced, [path for path, _ in args.spec], rates, args.budget,
-                             args.save_budget)
+                             args.save_budget, args.cv)
     wall = device_hours = 0.0
     for s, planned in zip(specs, plans, strict=True):
         seconds, hours = _print_plan(s, planned, table=len(specs) == 1 and not args.summary, rates=rates)
@@ -70,6 +70,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         print(f"\ntotal: {sum(len(p) for p in plans)} trials; estimated {format_duration(wall)} "
               f"wall, {device_hours:.2f} device-hours (GPU-hours for cuda specs).")
+    _print_decidable(specs, [path for path, _ in args.spec])
+    if args.power:
+        _print_power(specs, [path for path, _ in args.spec], args.cv)
     return 0
 
 
@@ -147,10 +150,12 @@ def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool,
     if s.auto:
         from multicard import adaptive
 
-        print(f"{s.name}: trials auto: {s.auto.min_rounds} to {s.auto.max_rounds} rounds until every "
-              f"interval is within +-{s.auto.half_width:.1%}; expected about "
-              f"{adaptive.expected_rounds(s.auto)} rounds at {adaptive.ASSUMED_CV:.0%} trial-to-trial "
-              f"variation; the estimate below is the worst case ({s.auto.max_rounds} rounds)")
+        print(f"{s.name}: trials auto: {s.auto.pilot_rounds} pilot rounds set the count (not "
+              f"judged), then {s.auto.min_judged} to {s.auto.max_rounds - s.auto.pilot_rounds} "
+              f"rounds for comparison intervals of +-{s.auto.half_width:.1%}; expected about "
+              f"{adaptive.expected_rounds(s.auto)} rounds in all at {adaptive.ASSUMED_CV:.0%} "
+              f"trial-to-trial variation; the estimate below is the worst case "
+              f"({s.auto.max_rounds} rounds)")
     print(f"{s.name} (profile {s.profile}): {len(planned) // max(1, configs)} trial(s) x {configs} "
           f"configs = {len(planned)} trials"
           f"{' (traced ones included)' if any(p.trace != 'none' for p in planned) else ''}; estimated "
@@ -160,26 +165,115 @@ def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool,
     return sum(seconds) + once, device_hours
 
 
+def _claims_beside(paths: list[Path], questions: bool = True) -> list[Any]:
+    """The claims beside the specs (experiments/ for the paper's), else the paper's own; and the
+    artifact's own questions beside them."""
+    from multicard import claims
+
+    folder = _claims_folder(paths)
+    names = (claims.FILE_NAME, claims.QUESTIONS_FILE) if questions else (claims.FILE_NAME,)
+    return [c for path in (folder / name for name in names) if path.is_file() for c in claims.load(path)]
+
+
+def _print_decidable(specs: list[Spec], paths: list[Path]) -> None:
+    """Which claims each spec's run can decide as planned, and which none of them can."""
+    from multicard import claims
+
+    claim_list = _claims_beside(paths, questions=False)
+    for s in specs:
+        print(f"{s.name} (profile {s.profile}) can decide: "
+              f"{_decided_text(claim_list, [s], 'no claim')}")
+    if len(specs) > 1:
+        left = [c for c in claim_list if not all(claims.decided_by(c, specs))]
+        print(f"claims these runs cannot decide: {_decided_text(left, specs, 'none', all_parts=False)}")
+
+
+def _decided_text(claim_list: list[Any], specs: list[Spec], empty: str, all_parts: bool = True) -> str:
+    """`C1, C2, C10 (1 of 2 parts)`: the claims (or, all_parts False, the ones missing) with
+    how many of their parts the specs can decide where it is not all or none."""
+    from multicard import claims
+
+    texts = []
+    for claim in claim_list:
+        parts = claims.decided_by(claim, specs)
+        if all_parts and not any(parts):
+            continue
+        some = f" ({sum(parts)} of {len(parts)} parts)" if 0 < sum(parts) < len(parts) else ""
+        texts.append(claim.id + some)
+    return ", ".join(texts) or empty
+
+
+def _print_power(specs: list[Spec], paths: list[Path], cv: float) -> None:
+    """Each claim the specs can decide: P(supported) where the paper is right at the trials of
+    the spec that decides it, and the fewest trials for 80 % (power.py, seed 0, 100 draws)."""
+    from tabulate import tabulate
+
+    from multicard import claims, power
+
+    claim_list = _claims_beside(paths, questions=False)
+    folder = _claims_folder(paths)
+    rows = []
+    for claim in claim_list:
+        deciding = [s for s in specs for part in (claim.parts or (claim,)) if claims.can_decide(part, s)]
+        if not deciding:
+            continue
+        s = deciding[0]
+        found = power.claim_power(claim_list, claim, s.profile, folder, cv,
+                                  claims.timing_trials(s), 100, 0, needed=True)
+        paper = next((r for r in found.rows if r.role == "paper"), None)
+        rows.append([claim.id, f"{s.name}@{s.profile}", found.trials,
+                     found.skipped or (f"{paper.shares.get('supported', 0.0):.2f}" if paper else "–"),
+                     found.needed if found.needed is not None else ("> 30" if found.searched else "–")])
+    print(f"\npower at CV {cv:.1%} (100 seeded draws per world through the judge; "
+          "`multicard claims power` gives every world):")
+    print(tabulate(rows, headers=["claim", "decided by", "trials", "P(supported) if the paper is "
+                                  "right", "trials for 80 %"], tablefmt="github"))
+
+
+def _claims_folder(paths: list[Path]) -> Path:
+    from multicard import claims
+
+    beside = paths[0].parent
+    return beside if (beside / claims.FILE_NAME).is_file() else claims.default_file().parent
+
+
+def _budget_power(claim_list: list[Any], folder: Path, cv: float) -> Callable[[Any, int], float | None]:
+    """budget.Power: the least P(supported) where the paper is right among an experiment's
+    claims at n trials (50 seeded draws each, remembered)."""
+    import functools
+
+    from multicard import power
+
+    by_id = {c.id: c for c in claim_list}
+
+    @functools.cache
+    def least(name: str, experiment_claims: tuple[str, ...], n: int) -> float | None:
+        profile = name.partition("@")[2] or "paper"
+        found = [power.paper_support(claim_list, by_id[c], profile, folder, cv, n)
+                 for c in experiment_claims if c in by_id]
+        known = [f for f in found if f is not None]
+        return min(known) if known else None
+
+    return lambda experiment, n: least(experiment.name, experiment.claims, n)
+
+
 def _print_budget(specs: list[Spec], traced: list[int], paths: list[Path], rates: dict[str, Any],
-                  text: str, save: Path | None) -> int:
+                  text: str, save: Path | None, cv: float = 0.02) -> int:
     """Fit the specs into the budget and say what each experiment and claim gave up (saved to
     `save` for `run --budget-plan`); 1 when no plan fits (nothing saved)."""
-    from multicard import budget, calibrate, claims
+    from multicard import budget, calibrate
     from multicard.runner import format_duration
 
     seconds = budget.parse_duration(text)
     # the claims beside the specs (experiments/ for the paper's), else the paper's own
-    beside = paths[0].parent
-    folder = beside if (beside / claims.FILE_NAME).is_file() else claims.default_file().parent
-    found = [folder / name for name in (claims.FILE_NAME, claims.QUESTIONS_FILE)]
-    claim_list = [c for path in found if path.is_file() for c in claims.load(path)]
+    claim_list = _claims_beside(paths)
     experiments = [budget.experiment_of(s, claim_list, n, s.trace)
                    for s, n in zip(specs, traced, strict=True)]
 
     def estimate(workload: str, settings: Any, trace: str) -> float:
         return calibrate.estimate(workload, settings, rates, trace).seconds
 
-    chosen = budget.fit(experiments, seconds, estimate)
+    chosen = budget.fit(experiments, seconds, estimate, _budget_power(claim_list, _claims_folder(paths), cv))
     full = budget.fit(experiments, float("inf"), estimate)
     if not chosen.fits:
         print(f"budget {format_duration(seconds)}: no plan fits; the least plan (every lever at its "
@@ -486,12 +580,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "calibration files; each estimate says measured or guessed")
     p.add_argument("--budget", metavar="DURATION",
                    help="fit the plan into DURATION (24h, 1h30m, 2d): fewer configs no claim reads, "
-                        "then fewer trials (never below the verdict minimum), then fewer epochs "
+                        "then fewer trials (never below the verdict minimum; first where the "
+                        "claims keep the most power at --cv), then fewer epochs "
                         "(never below what the claims need); says what each claim gives up")
     p.add_argument("--save-budget", type=Path, metavar="FILE",
                    help="with --budget: save the plan that fits, for `run --budget-plan FILE`")
     p.add_argument("--save-calibration", type=Path, metavar="FILE",
                    help="write the rates --calibrate fitted to FILE (for a later --calibrate FILE)")
+    p.add_argument("--power", action="store_true",
+                   help="after the plan, each claim's P(supported) where the paper is right at the "
+                        "planned trials and the trials it needs for 80 %% (simulated: minutes)")
+    p.add_argument("--cv", type=_fraction, default=0.02, metavar="X",
+                   help="trial-to-trial CV that --power and --budget's trial cuts assume "
+                        "(default 0.02)")
 
     p = add("run", cmd_run, "run (or resume) an experiment")
     _spec_args(p)
@@ -595,8 +696,9 @@ def _spec_args(p: argparse.ArgumentParser, several: bool = False) -> None:
         p.add_argument("spec", type=Path, metavar="SPEC", help="experiment TOML")
     p.add_argument("--profile", default="paper", help="paper (default) or a profile of the spec")
     p.add_argument("--trials", type=_trials,
-                   help="trials per config, at most 1000, or auto[:MIN..MAX]: rounds until every "
-                        "interval is within [trials].half_width (default: the spec's)")
+                   help="trials per config, at most 1000, or auto[:PILOT..MAX]: PILOT rounds "
+                        "whose variances set how many follow, for comparison intervals within "
+                        "[trials].half_width (default: the spec's)")
     p.add_argument("--set", type=_setting, action="append", metavar="KEY=VALUE", default=[],
                    help="fix a setting for this run (TOML value; a string may be bare), e.g. "
                         "--set weights=/models/llama3-8b/original; repeatable")

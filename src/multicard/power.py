@@ -165,15 +165,11 @@ def _parts(claim: claims.Claim) -> tuple[claims.Claim, ...]:
     return claim.parts or (claim,)
 
 
-def _matches(config: Mapping[str, Any], selector: Mapping[str, Any]) -> bool:
-    return all(config.get(k) in (v if isinstance(v, list) else [v]) for k, v in selector.items())
-
-
 def _groups(part: claims.Claim, grid: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
     """The part's groups: every combination of the factors its arms do not vary, in grid order."""
     varied = set(part.compare) | set(part.against)
     others = [k for k in grid if k not in varied]
-    levels = [[v for v in grid[k] if _matches({k: v}, {k: part.where[k]} if k in part.where else {})]
+    levels = [[v for v in grid[k] if claims.matches({k: v}, {k: part.where[k]} if k in part.where else {})]
               for k in others]
     return [dict(zip(others, combo, strict=True)) for combo in itertools.product(*levels)]
 
@@ -188,7 +184,7 @@ def _log_mean(config: dict[str, Any], metric: str, parts: list[tuple[claims.Clai
             if config.get("loader") == "torch" and config.get("gpus") in PENALTY_GPUS:
                 total += says.penalty[1] if config.get("numa_policy") == "local" else says.penalty[0]
             continue
-        if part.metric != metric or not _matches(config, {**part.compare, **part.where}):
+        if part.metric != metric or not claims.matches(config, {**part.compare, **part.where}):
             continue
         if part.kind == "not_worse":
             total -= says.loss  # in points, applied by _draw on the metric's own scale
@@ -228,7 +224,7 @@ def draw_results(claim: claims.Claim, world: World, facts: list[claims.Claim], p
         metrics = sorted({p.metric for p, _ in mine if p.metric} | numa)
         rows, records = [], []
         for cid, config, _ in spec.configs(run):
-            failed = any(_matches(config, sel) for sel in fails)
+            failed = any(claims.matches(config, sel) for sel in fails)
             base_record = {"experiment": name, "config": config, "config_id": cid, "trace": "none"}
             if failed:
                 records += [{**base_record, "trial": t, "status": "oom", "metrics": {},
@@ -316,12 +312,12 @@ def claims_power(claim_list: list[claims.Claim], profile: str, experiments: Path
     found = []
     for claim in claim_list:
         for cv in cvs:
-            found.append(_claim_power(claim_list, claim, profile, experiments, cv, trials, runs,
+            found.append(claim_power(claim_list, claim, profile, experiments, cv, trials, runs,
                                       seed, needed))
     return found
 
 
-def _claim_power(claim_list: list[claims.Claim], claim: claims.Claim, profile: str,
+def claim_power(claim_list: list[claims.Claim], claim: claims.Claim, profile: str,
                  experiments: Path, cv: float, trials: int | None, runs: int, seed: int,
                  needed: bool) -> ClaimPower:
     if not simulable(claim):
@@ -341,6 +337,33 @@ def _claim_power(claim_list: list[claims.Claim], claim: claims.Claim, profile: s
     fewest = (trials_for_power(claim, paper, facts, profile, experiments, cv, runs, seed)
               if needed and paper is not None else None)
     return ClaimPower(claim, cv, n, rows, fewest, searched=needed and paper is not None)
+
+
+def paper_support(claim_list: list[claims.Claim], claim: claims.Claim, profile: str,
+                  experiments: Path, cv: float, trials: int, draws: int = 50,
+                  seed: int = 0) -> float | None:
+    """P(supported) in the claim's first paper-right world at `trials` per config of `profile`
+    and noise `cv`; None when it cannot be simulated (trace metrics, an experiment or profile
+    outside `experiments`, another device, no paper-right world)."""
+    found = claim_power(claim_list, claim, profile, experiments, cv, trials, draws, seed,
+                         needed=False)
+    paper = next((r for r in found.rows if r.role == "paper"), None)
+    return None if found.skipped or paper is None else paper.shares.get("supported", 0.0)
+
+
+def paper_right_support(claim_list: list[claims.Claim], claim: claims.Claim,
+                        runs: list[tuple[spec.Spec, pd.DataFrame]], experiments: Path, cv: float,
+                        draws: int = 50, seed: int = 0) -> tuple[float, int] | None:
+    """paper_support at the profile of the runs that read the claim's first part and their
+    median ok trials per config, with those trials; None as there, or without such a run."""
+    first = _parts(claim)[0].experiment
+    mine = [(s, t) for s, t in runs if s.name == first and not t.empty]
+    if not mine:
+        return None
+    run_spec, trials = mine[0]
+    n = max(2, int(np.median(trials.groupby("config_id").size())))
+    found = paper_support(claim_list, claim, run_spec.profile, experiments, cv, n, draws, seed)
+    return None if found is None else (found, n)
 
 
 def measured_cv(specs_and_trials: list[tuple[spec.Spec, pd.DataFrame]]) -> tuple[float | None, int]:

@@ -33,7 +33,19 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from multicard import adaptive, artifact, cluster, cost, devices, energy, kinds, launch, store, telemetry
+from multicard import (
+    adaptive,
+    artifact,
+    claims,
+    cluster,
+    cost,
+    devices,
+    energy,
+    kinds,
+    launch,
+    store,
+    telemetry,
+)
 from multicard import spec as specmod
 from multicard.data import mnist, page_cache
 from multicard.errors import InputError
@@ -263,16 +275,17 @@ AUTO_FILE = "auto.json"
 
 
 class RoundKeeper:
-    """With `[trials].count = "auto"`: before each new round of timing trials (from the
-    minimum on) ask adaptive.decide whether the intervals are tight enough, and skip the rounds
-    after a stop. Every decision is written to auto.json (why the run stopped). Without auto
-    every planned trial is wanted."""
+    """With `[trials].count = "auto"`: after the pilot rounds ask adaptive.decide how many
+    rounds the claims' comparisons need (before each new round, so that a resume asks again),
+    and skip the rounds after a stop. Every decision is written to auto.json (why the run
+    stopped). Without auto every planned trial is wanted."""
 
     def __init__(self, spec: Spec, trials_file: Path, target: Path, echo: Callable[[str], None]) -> None:
         self.spec, self.trials_file, self.target, self.echo = spec, trials_file, target, echo
         self.round = -1
         self.stopped_at: int | None = None
         self.decision: adaptive.Decision | None = None
+        self.aimed = adaptive.aims(spec, claims.load(claims.default_file())) if spec.auto else []
 
     def wanted(self, planned: PlannedTrial) -> bool:
         auto = self.spec.auto
@@ -282,42 +295,36 @@ class RoundKeeper:
             return planned.trial < self.stopped_at
         if planned.trial > self.round:
             self.round = planned.trial
-            done = self.round - self.first_timing  # timing rounds before this one
+            done = self.round - specmod.first_timing(self.spec)  # timing rounds before this one
             # decide only at a round's start: a round begun before a resume is finished first
-            if done >= auto.min_rounds and not self._begun(self.round) and self._decide(done).stop:
+            if done >= auto.pilot_rounds and not self._begun(self.round) and self._decide(done).stop:
                 self.stopped_at = self.round
                 return False
         return True
-
-    @property
-    def first_timing(self) -> int:
-        """The first timing trial index (traced trials come first with trace_trials = "first")."""
-        spec = self.spec
-        if spec.trace != "none" and spec.trace_trials == "first":
-            return min(spec.trace_count, spec.trials)
-        return 0
 
     def _begun(self, trial: int) -> bool:
         return any(r.get("trial") == trial and r.get("trace", "none") == "none"
                    for r in store.read(self.trials_file))
 
     def _decide(self, rounds_done: int) -> adaptive.Decision:
-        assert self.spec.auto is not None
+        auto = self.spec.auto
+        assert auto is not None
         records = store.read(self.trials_file)
         skipped = {r["config_id"] for r in records if r.get("status") == "skipped"}
-        self.decision = adaptive.decide(self.spec, self.spec.auto, records, rounds_done, skipped)
+        self.decision = adaptive.decide(self.spec, auto, records, rounds_done, skipped, self.aimed)
         artifact.write_text_atomic(self.target, json.dumps({
-            "min_rounds": self.spec.auto.min_rounds, "max_rounds": self.spec.auto.max_rounds,
-            "half_width": self.spec.auto.half_width, "rounds": self.decision.rounds,
-            "stopped": self.decision.stop, "reason": self.decision.reason,
-            "half_widths": self.decision.widest}, indent=1))
+            "pilot_rounds": auto.pilot_rounds, "max_rounds": auto.max_rounds,
+            "min_judged": auto.min_judged, "half_width": auto.half_width,
+            "rounds": self.decision.rounds, "stopped": self.decision.stop,
+            "reason": self.decision.reason, "judged_rounds_needed": self.decision.needed},
+            indent=1))
         self.echo(f"auto: {'stop' if self.decision.stop else 'go on'}: {self.decision.reason}")
         return self.decision
 
     def finish(self) -> None:
         """After the last planned round: record why the run ended there."""
         if self.spec.auto is not None and self.stopped_at is None:
-            self._decide(self.spec.auto.max_rounds - self.first_timing)
+            self._decide(self.spec.auto.max_rounds - specmod.first_timing(self.spec))
 
 
 def _check_devices(spec: Spec, todo: list[PlannedTrial]) -> list[devices.GpuIdentity]:

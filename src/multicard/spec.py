@@ -47,19 +47,23 @@ MAX_TIMEOUT_S = 30 * 86400.0
 # profile asks for 5 (MLPerf's floor for a result), every other profile for 3.
 MIN_OK = {"paper": 5}
 MIN_OK_DEFAULT = 3
-AUTO_MAX_DEFAULT = 20  # `count = "auto"` stops by this many rounds at the latest
-HALF_WIDTH_DEFAULT = 0.02  # `auto` stops when every ratio interval is within +-2 %
+AUTO_MAX_DEFAULT = 20  # `count = "auto"` stops by this many rounds at the latest, pilot included
+AUTO_PILOT_DEFAULT = 3  # `count = "auto"`: rounds whose variances set the count (2 per arm at least)
+HALF_WIDTH_DEFAULT = 0.02  # `auto` aims at comparison intervals within +-2 %
 TRACE_COUNT_DEFAULT = 3  # traced trials per config: the same minimum as any verdict
 
 
 @dataclass(frozen=True)
 class Auto:
-    """`[trials].count = "auto[:MIN..MAX]"`: rounds of interleaved trials until every config's
-    primary-metric interval has a relative half-width <= `half_width`, or MAX rounds."""
+    """`[trials].count = "auto[:PILOT..MAX]"`: Stein's two-stage rule (adaptive.py). PILOT rounds
+    whose variances set how many rounds follow (at least `min_judged`, the verdict minimum), so
+    that each comparison's interval has a relative half-width of about `half_width`; at most MAX
+    rounds in all. The pilot rounds set the count and are left out of every statistic."""
 
-    min_rounds: int
+    pilot_rounds: int
     max_rounds: int
     half_width: float
+    min_judged: int
 
 
 @dataclass(frozen=True)
@@ -254,7 +258,7 @@ def from_document(doc: dict[str, Any], path: Path, profile: str = "paper") -> Sp
 
 
 def with_trials(spec: Spec, trials: int | str | None) -> Spec:
-    """`spec` with the command line's --trials: a count, or `auto[:MIN..MAX]`."""
+    """`spec` with the command line's --trials: a count, or `auto[:PILOT..MAX]`."""
     import dataclasses
 
     if trials is None:
@@ -312,19 +316,38 @@ def _counts(check: _Checker, trials: Mapping[str, Any], profile: str) -> dict[st
 
 
 def parse_auto(text: str, min_ok: int, half_width: float, where: str) -> Auto:
-    """`auto`, `auto:5..30`: at least MIN (default: the verdict minimum), at most MAX rounds."""
+    """`auto`, `auto:3..30`: PILOT rounds (default 3) set the count, at most MAX rounds in all
+    (default 20), of which at least the verdict minimum follow the pilot."""
     match = re.fullmatch(r"auto(?::(\d+)\.\.(\d+))?", text.strip())
     if not match:
-        raise InputError(f"{where}: expected an integer, 'auto' or 'auto:MIN..MAX', got {text!r}")
-    low = int(match.group(1)) if match.group(1) else min_ok
-    high = int(match.group(2)) if match.group(2) else max(AUTO_MAX_DEFAULT, low)
-    if not 2 <= low <= high <= MAX_TRIALS:
-        raise InputError(f"{where}: expected 2 <= MIN <= MAX <= {MAX_TRIALS} in auto:MIN..MAX, "
-                         f"got {text!r}")
-    if low < min_ok:
-        raise InputError(f"{where}: auto's MIN ({low}) is below the verdict minimum of this "
-                         f"profile ([trials].min_ok = {min_ok}): no verdict could use the trials")
-    return Auto(low, high, half_width)
+        raise InputError(f"{where}: expected an integer, 'auto' or 'auto:PILOT..MAX', got {text!r}")
+    pilot = int(match.group(1)) if match.group(1) else AUTO_PILOT_DEFAULT
+    high = int(match.group(2)) if match.group(2) else max(AUTO_MAX_DEFAULT, pilot + min_ok)
+    if not 2 <= pilot <= high <= MAX_TRIALS:
+        raise InputError(f"{where}: expected 2 <= PILOT <= MAX <= {MAX_TRIALS} in "
+                         f"auto:PILOT..MAX, got {text!r}")
+    if high - pilot < min_ok:
+        raise InputError(f"{where}: auto:{pilot}..{high} leaves {high - pilot} rounds after the "
+                         f"pilot, below the verdict minimum of this profile ([trials].min_ok = "
+                         f"{min_ok}): the pilot's rounds are not judged")
+    return Auto(pilot, high, half_width, min_ok)
+
+
+def first_timing(spec: Spec) -> int:
+    """The first timing trial index (traced trials come first with trace_trials = "first")."""
+    if spec.trace != "none" and spec.trace_trials == "first":
+        return min(spec.trace_count, spec.trials)
+    return 0
+
+
+def pilot_trials(spec: Spec) -> range:
+    """The trial indices of `auto`'s pilot rounds: they set the count and no statistic reads
+    them (their variances chose how many rounds follow: judging them too would bias the
+    intervals' coverage, as stopping on a small variance does)."""
+    if spec.auto is None:
+        return range(0)
+    start = first_timing(spec)
+    return range(start, start + spec.auto.pilot_rounds)
 
 
 def check_plan_size(spec: Spec, trials: int, where: Path | str) -> None:
@@ -574,7 +597,7 @@ def to_toml(spec: Spec) -> str:
         "fixed": spec.fixed,
         "grid": spec.grid,
         "baseline": spec.baseline,
-        "trials": {"count": (f"auto:{spec.auto.min_rounds}..{spec.auto.max_rounds}" if spec.auto
+        "trials": {"count": (f"auto:{spec.auto.pilot_rounds}..{spec.auto.max_rounds}" if spec.auto
                              else spec.trials),
                    "seed": spec.order_seed, "timeout_s": spec.timeout_s,
                    "trace": spec.trace, "trace_trials": spec.trace_trials,

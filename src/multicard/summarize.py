@@ -34,9 +34,19 @@ def scalar(value: Any) -> float:
 
 
 def _timing(record: dict[str, Any], spec: Spec) -> bool:
-    """An ok, untraced trial of this experiment: the only kind the timing statistics use."""
+    """An ok, untraced trial of this experiment outside `auto`'s pilot rounds: the only kind the
+    timing statistics use."""
     return (record.get("experiment") == spec.name and record.get("status") == "ok"
-            and record.get("trace", "none") == "none")
+            and record.get("trace", "none") == "none"
+            and record.get("trial") not in specmod.pilot_trials(spec))
+
+
+def pilot_count(spec: Spec, records: Iterable[dict[str, Any]]) -> int:
+    """The ok untraced trials of `auto`'s pilot rounds (they set the count; no statistic reads them)."""
+    pilot = specmod.pilot_trials(spec)
+    return len({(r["config_id"], r["trial"]) for r in records if r.get("trial") in pilot
+                and r.get("experiment") == spec.name and r.get("status") == "ok"
+                and r.get("trace", "none") == "none"})
 
 
 def trial_table(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,26 +31,32 @@ def test_trials_auto_stops_by_its_rule_says_why_and_resumes_to_the_same_answer(t
                       baseline={"precision": "fp32"},
                       profiles={"smoke": {"trials": {"min_ok": 3}}})
     out = tmp_path / "run"
-    done = multicard("run", str(path), "--profile", "smoke", "--trials", "auto:3..5", "--out", str(out))
+    done = multicard("run", str(path), "--profile", "smoke", "--trials", "auto:2..8", "--out", str(out))
     assert done.returncode == 0, done.stderr[-2000:]
     decision = json.loads((out / "auto.json").read_text())
     rounds = decision["rounds"]
     records = store.read(out / "trials.jsonl")
-    assert (decision["stopped"], decision["min_rounds"]) == (True, 3) and 3 <= rounds <= 5
+    # 2 pilot rounds, then at least the verdict minimum of 3 (a +-90 % aim asks for no more)
+    assert (decision["stopped"], decision["pilot_rounds"]) == (True, 2) and 5 <= rounds <= 8
     assert len(records) == 2 * rounds  # no trial of a round after the stop
     # the runner took the rule's own decision on the records it had at each round start: how
     # noisy this machine's CPU times are sets the round it stops at, never the rule
     resolved = spec.load(out / "spec.toml")
     assert resolved.auto is not None
-    for done_rounds in range(3, rounds + 1):
+    aimed = adaptive.aims(resolved, [])  # no claim reads this experiment: baseline ratios
+    for done_rounds in range(2, rounds + 1):
         so_far = [r for r in records if r["trial"] < done_rounds]
-        rule = adaptive.decide(resolved, resolved.auto, so_far, done_rounds, set())
+        rule = adaptive.decide(resolved, resolved.auto, so_far, done_rounds, set(), aimed)
         assert rule.stop == (done_rounds == rounds), (done_rounds, rule.reason)
     assert f"auto: stop: {rule.reason}" in done.stdout and decision["reason"] == rule.reason
-    again = multicard("run", str(path), "--profile", "smoke", "--trials", "auto:3..5", "--out", str(out))
+    again = multicard("run", str(path), "--profile", "smoke", "--trials", "auto:2..8", "--out", str(out))
     assert again.returncode == 0 and len(store.read(out / "trials.jsonl")) == 2 * rounds
     assert multicard("report", str(out)).returncode == 0
-    assert "Trials: auto, 3 to 5 rounds" in (out / "REPORT.md").read_text()
+    report = (out / "REPORT.md").read_text()
+    assert "Trials: auto (Stein's two-stage rule), 2 pilot rounds set the count" in report
+    # the pilot's rounds are in no statistic: each config is judged on the rounds after it
+    assert re.search(rf"\| fp32 +\| +{rounds - 2} \|", report), report
+    assert f"{2 * (rounds - 2)} of 16 planned trials ok and judged, beside 4 ok pilot trials" in report
 
 
 def test_a_harness_failure_makes_its_claim_invalid_and_the_report_shows_n_and_method(

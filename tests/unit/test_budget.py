@@ -162,3 +162,28 @@ def test_an_experiment_no_claim_reads_keeps_its_configs(tmp_path: Path) -> None:
     claim_list = claims.load(EXPERIMENTS / "claims.toml")
     mine = budget.experiment_of(spec.load(write_spec(tmp_path)), claim_list)
     assert mine.claims == () and mine.claimed == frozenset(cid for cid, _, _ in mine.configs)
+
+
+def test_with_power_the_trials_go_where_the_claims_need_them() -> None:
+    """A clear claim (a) gives its trials up before a marginal one (b), down to its minimum."""
+    clear, marginal = experiment("a", 1, trials=8), experiment("b", 1, trials=8)
+    support = {"a": lambda n: 0.99 if n >= 3 else 0.0, "b": lambda n: 0.5 + 0.05 * n}
+
+    def power(e: Experiment, n: int) -> float:
+        return support[e.name](n)
+
+    # 16 trials of 200 s; 2600 s asks for 3 fewer: all from a, as b needs its power
+    cut = budget.fit([clear, marginal], 2600.0, per_epoch, power)
+    assert [c.trials for c in cut.choices] == [5, 8]
+    # a at its verdict minimum (3): the next cuts come from b
+    deeper = budget.fit([clear, marginal], 1800.0, per_epoch, power)
+    assert [c.trials for c in deeper.choices] == [3, 6]
+    # uniform without power: one trial less everywhere, step by step
+    assert [c.trials for c in budget.fit([clear, marginal], 2600.0, per_epoch).choices] == [6, 6]
+
+
+def test_an_experiment_whose_power_is_unknown_keeps_its_trials() -> None:
+    known, unknown = experiment("a", 1, trials=6), experiment("b", 1, trials=6)
+    cut = budget.fit([known, unknown], 2000.0, per_epoch,
+                     lambda e, n: 0.9 if e.name == "a" else None)
+    assert [c.trials for c in cut.choices] == [4, 6]

@@ -191,6 +191,12 @@ def test_two_gpu_runs_merge_into_one_report_whose_claims_read_both(tmp_path: Pat
     assert ("Of 2 judgements, each raw verdict is wrong at most 2.5 % of the time (the truth at its "
             "band's end), so at least one of them is wrong up to 5% of the time") in text
     assert "0 verdict(s) do not stand there (inconclusive (Holm))" in text
+    # power where the paper is right, drawn at the runs' own noise (CV 0.4 % here) and n
+    header = (out / "tables" / "claims.md").read_text().splitlines()[0]
+    column = [c.strip() for c in header.strip("|").split("|")].index("power if the paper is right")
+    power = {row[0]: row[column] for row in rows((out / "tables" / "claims.md").read_text()).values()}
+    assert power["C1"] == power["C14"] == "1.00 (n=5)" and power["C15"] == "–"
+    assert "this report's measured trial-to-trial variation, CV 0.4% (the median over 4" in text
     # compute spent: 10 + 10 trials of 1 h; table 2 at 2 GPUs, table 5 at 1
     assert "20.000 GPU-hours" in text and "10.000 GPU-hours" in text
     assert artifact.verify(out).ok

@@ -15,7 +15,7 @@ import pandas as pd
 from tabulate import tabulate
 
 import multicard
-from multicard import artifact, claims, cost, stats, summarize
+from multicard import artifact, claims, cost, power, stats, summarize
 from multicard.report.figures import plot_breakdown, plot_ladder, plot_primary, plot_time_and_energy
 from multicard.report.formatting import label
 from multicard.report.runs import RunData, discover_runs, load_run
@@ -149,14 +149,19 @@ def _config_label(spec: Spec, row: pd.Series) -> str:
     return " ".join(f"{k}={row[k]}" for k in spec.grid)
 
 
+def _pilot_text(pilot: int) -> str:
+    return f" and judged, beside {pilot} ok pilot trials that set the count" if pilot else ""
+
+
 def _auto_note(run_dir: Path) -> list[str]:
     """How `--trials auto` decided to stop (auto.json, written by the runner)."""
     path = run_dir / "auto.json"
     if not path.exists():
         return []
     found = json.loads(path.read_text())
-    return ["", f"Trials: auto, {found['min_rounds']} to {found['max_rounds']} rounds until every "
-            f"interval is within +-{found['half_width']:.1%}: "
+    return ["", f"Trials: auto (Stein's two-stage rule), {found['pilot_rounds']} pilot rounds "
+            f"set the count and are left out of every statistic; at most {found['max_rounds']} "
+            f"rounds in all, each comparison's interval aimed at +-{found['half_width']:.1%}: "
             f"{'stopped' if found['stopped'] else 'going on'} after {found['rounds']} rounds "
             f"({found['reason']})."]
 
@@ -195,8 +200,8 @@ def _experiment_section(run: RunData, name: str, out: Path, echo: Callable[[str]
         f"## {spec.title}" + (": the loader alone, no model" if summarize.is_loader_only(spec) else ""),
         "",
         f"Experiment `{spec.name}` ({spec.paper or 'extension'}), profile `{spec.profile}`, "
-        f"run `{_rel(run.path, out)}`: {len(trials)} of {run.planned} planned trials ok, "
-        f"{_not_ok_text(failed)}.",
+        f"run `{_rel(run.path, out)}`: {len(trials)} of {run.planned} planned trials ok"
+        f"{_pilot_text(summarize.pilot_count(spec, run.records))}, {_not_ok_text(failed)}.",
         "",
         f"Fixed settings: {fixed}.",
         "",
@@ -380,17 +385,47 @@ def _verdicts(runs: list[RunData], claim_list: list[claims.Claim]) -> tuple[pd.D
         results.setdefault(run.spec.name, []).append(claims.results_of(run.spec, run.records))
     verdicts = claims.evaluate(claim_list, results)
     adjusted = claims.holm(verdicts, results)
+    trial_tables = [(r.spec, r.trials) for found in results.values() for r in found]
+    cv, configs = power.measured_cv(trial_tables)
+    support = [None if cv is None or v.verdict == "not run" else
+               power.paper_right_support(claim_list, v.claim, trial_tables, _claims_folder(), cv,
+                                             POWER_DRAWS)
+               for v in verdicts]
     table = pd.DataFrame([{
         "claim": v.claim.id, "the paper says": v.claim.text, "paper": v.claim.paper,
         "verdict": v.verdict, "Holm-adjusted": holm, "reproduced if": criterion_text(v.claim),
         "ours [95% CI]": evidence_text(v.evidence), "why": v.why,
+        "power if the paper is right": power_text(found),
         "experiment": ", ".join(_claim_experiments(v.claim)),
         "data-bound?": _bounds(v.claim, runs),
-    } for v, holm in zip(verdicts, adjusted, strict=True)])
+    } for v, holm, found in zip(verdicts, adjusted, support, strict=True)])
     counts = ", ".join(f"{(table['verdict'] == k).sum()} {k}" for k in claims.VERDICTS)
     family = claims.judged(verdicts)
     changed = sum(a != v.verdict for v, a in zip(verdicts, adjusted, strict=True))
-    return table, counts + ". " + family_text(family, *stats.family_error(family), changed)
+    return table, (counts + ". " + family_text(family, *stats.family_error(family), changed)
+                   + ". " + power_note(cv, configs))
+
+
+def _claims_folder() -> Path:
+    return claims.default_file().parent
+
+
+def power_text(found: tuple[float, int] | None) -> str:
+    return "–" if found is None else f"{found[0]:.2f} (n={found[1]})"
+
+
+def power_note(cv: float | None, configs: int) -> str:
+    """What the power column is, at which noise."""
+    if cv is None:
+        return "Power: no config has 2 ok trials, so no noise was measured and none is shown"
+    return (f"Power: the share of {POWER_DRAWS} seeded draws that read supported where the paper "
+            f"is right, through the same judge, at each claim's median ok trials per config (n) "
+            f"and this report's measured trial-to-trial variation, CV {cv:.1%} (the median over "
+            f"{configs} config(s) of sd / mean); `multicard claims power` gives every world; "
+            "trace-metric claims (C4, C18) are not simulated")
+
+
+POWER_DRAWS = 50
 
 
 def family_text(judgements: int, independent: float, bound: float, changed: int) -> str:
