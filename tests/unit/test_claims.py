@@ -555,3 +555,18 @@ def test_the_numa_part_counts_trials_per_config_not_pooled_over_layouts() -> Non
             for r in numa_rows([8.0, 8.1, 7.9, 8.05, 7.95]) if r["trial"] < 3]
     v = claims.judge(BY_ID["C10"].parts[1], results("numa_binding", rows))
     assert v.verdict == "inconclusive" and "torch/none at 3 GPUs: n = 3 < 5" in v.why
+
+
+def test_the_plan_knows_which_claims_each_profile_can_decide() -> None:
+    from multicard import spec as specmod
+
+    by_id = {c.id: c for c in claims.load(claims.default_file())}
+    table2 = specmod.load(EXPERIMENTS / "table2_precision.toml", "paper")
+    traced = specmod.load(EXPERIMENTS / "table2_precision.toml", "traced")
+    kick = specmod.load(EXPERIMENTS / "table3_pin_memory.toml", "kick")
+    assert claims.can_decide(by_id["C1"], table2) and not claims.can_decide(by_id["C4"], table2)
+    assert claims.can_decide(by_id["C4"], traced) and not claims.can_decide(by_id["C1"], traced)
+    assert claims.can_decide(by_id["C5"], kick) and not claims.can_decide(by_id["C6"], kick)  # 1 GPU
+    smoke = specmod.load(EXPERIMENTS / "table2_precision.toml", "smoke")
+    assert not claims.can_decide(by_id["C1"], smoke)  # CPU trials, a claim about cuda
+    assert claims.decided_by(by_id["C10"], [table2]) == [0, 0]
