@@ -143,9 +143,11 @@ def decide(spec: Spec, auto: Auto, records: list[dict[str, Any]], rounds_done: i
     one with a single ok pilot trial has no variance and asks for the most rounds."""
     if rounds_done < auto.pilot_rounds:
         return Decision(False, rounds_done, f"pilot: {rounds_done} of {auto.pilot_rounds} rounds", {})
+    pilot = specmod.pilot_trials(spec)
     ok = {r["config_id"] for r in records if r.get("status") == "ok"
-          and r.get("trace", "none") == "none" and r.get("trial") in specmod.pilot_trials(spec)}
+          and r.get("trace", "none") == "none" and r.get("trial") in pilot}
     low, high = auto.min_judged, auto.max_rounds - auto.pilot_rounds
+    values: dict[tuple[str, bool], dict[str, np.ndarray]] = {}  # one pass per metric and scale
     needed: dict[str, int] = {}
     left_out = 0
     for aim in aimed:
@@ -155,8 +157,10 @@ def decide(spec: Spec, auto: Auto, records: list[dict[str, Any]], rounds_done: i
         if any(cid not in ok for cid in arms):
             left_out += 1
             continue
-        values = pilot_values(spec, records, aim.metric, aim.log)
-        variances = tuple(_variance(values.get(cid)) for cid in arms)
+        key = (aim.metric, aim.log)
+        if key not in values:
+            values[key] = pilot_values(spec, records, aim.metric, aim.log)
+        variances = tuple(_variance(values[key].get(cid)) for cid in arms)
         needed[aim.label] = rounds_needed(variances, aim.target, low, high)
     return _decision(auto, rounds_done, needed, left_out)
 
