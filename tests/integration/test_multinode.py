@@ -92,13 +92,16 @@ def test_two_consecutive_trials_meet_on_the_same_port(tmp_path: Path) -> None:
 
 
 def test_a_run_whose_node_1_died_mid_trial_resumes(tmp_path: Path) -> None:
-    # long enough (60 steps per rank) that the node dies in training, not after it
-    longer = {**ONE_CONFIG["fixed"], "epochs": 3, "max_steps": 20, "train_subset": 512}
+    # The node dies on a sign of training, not after a delay: a fast machine finishes a short
+    # trial within any fixed delay. The NUMA probe writes its snapshot mid-epoch 0; three more
+    # epochs of 20 steps each remain when it appears.
+    longer = {**ONE_CONFIG["fixed"], "epochs": 4, "max_steps": 20, "train_subset": 512,
+              "numa_evidence": True}
     spec = write_spec(tmp_path, fixed=longer, grid=ONE_CONFIG["grid"],
                       trials={"count": 2, "timeout_s": 300})
     out, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
-    # step 1 (the second trial): node 1 dies 8 s after its part has started
-    dying = fake_slurm(tmp_path, kill="1:1:8:nodes/node1/node.json")
+    # step 1 (the second trial): node 1 dies as soon as its rank (rank 1) is seen training
+    dying = fake_slurm(tmp_path, kill="1:1:0:numa/rank1-rank-*")
     done = planner(spec, out, dying, endpoint)
     assert done.returncode == 0, done.stdout + done.stderr
     first = store.read(out / "trials.jsonl")
@@ -147,7 +150,9 @@ def test_rank_0_is_on_node_0_when_node_1_starts_first(tmp_path: Path) -> None:
 
 
 def test_a_planner_told_to_stop_mid_step_records_it_and_leaves_nothing_running(tmp_path: Path) -> None:
-    longer = {**ONE_CONFIG["fixed"], "epochs": 3, "max_steps": 20, "train_subset": 512}
+    # stopped on a sign of training (the NUMA probe's mid-epoch snapshot), not after a delay
+    longer = {**ONE_CONFIG["fixed"], "epochs": 4, "max_steps": 20, "train_subset": 512,
+              "numa_evidence": True}
     spec = write_spec(tmp_path, fixed=longer, grid=ONE_CONFIG["grid"],
                       trials={"count": 1, "timeout_s": 300})
     out = tmp_path / "run"
@@ -156,10 +161,9 @@ def test_a_planner_told_to_stop_mid_step_records_it_and_leaves_nothing_running(t
     proc = subprocess.Popen(argv, cwd=ROOT, env=fake_slurm(tmp_path), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
-    while not list(out.glob("raw/*/nodes/node1/node.json")):
+    while not list(out.glob("raw/*/numa/rank1-rank-*")):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.2)
-    time.sleep(6)  # in training
     proc.send_signal(signal.SIGTERM)  # scancel, or the template's trap
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 143, output
