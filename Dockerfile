@@ -40,7 +40,8 @@ WORKDIR /opt/multicard
 COPY requirements/ requirements/
 RUN python -m pip install --no-deps --require-hashes -r requirements/container.txt
 
-COPY pyproject.toml README.md noxfile.py ./
+COPY pyproject.toml README.md ARTIFACT.md LICENSE CITATION.cff noxfile.py ./
+COPY docs/ docs/
 COPY src/ src/
 COPY experiments/ experiments/
 COPY data/mnist/ data/mnist/

@@ -231,17 +231,26 @@ PAPER_RUNS = (
 # The rates the last kick-the-tires measured, read by every plan of reproduce and kick-the-tires
 CALIBRATION = RUNS / "calibration.json"
 BUDGET_PLAN = "budget.json"  # in a collection run with --budget D: what each run kept and gave up
-# One GPU, about 30 minutes: C1-C3 (precision), C5 (pin_memory), the loaders vs the bound.
+# One GPU, est. 33 minutes: C1-C3 (precision), C5 (pin_memory), the loaders vs the bound.
 KICK_RUNS = (("table2_precision", "kick"), ("table3_pin_memory", "kick"), ("figure6_loaders", "kick"))
+# Four GPUs, est. 5 h 47 min: the multi-card claims C5-C19 (LLM with random weights), 5 trials per
+# config (3 traced for C18); C1-C4 are kick-the-tires' and reproduce's.
+EVAL_RUNS = (
+    ("table2_precision", "eval"), ("table3_pin_memory", "eval"), ("figure6_loaders", "eval"),
+    ("figure6_loaders", "eval_500"), ("nhwc_layout", "eval"), ("numa_binding", "eval"),
+    ("table4_llm_methods", "eval"), ("table4_llm_methods", "eval_qat"),
+    ("table4_llm_methods", "eval_datasets"), ("table4_llm_methods", "eval_traced"),
+    ("table5_llm_pin_memory", "eval"),
+)
 
 
 def _run_collection(session: nox.Session, runs: tuple[tuple[str, str], ...], name: str,
-                    save_calibration: bool = False) -> None:
+                    save_calibration: bool = False, power: bool = False) -> None:
     """Plan all (printing the cost, from CALIBRATION's measured rates where it exists), then run
     each into one collection, reporting after each so that a stop half-way still leaves a report;
     `-- --dry-run` stops after the plan, `-- --out DIR` resumes, other args (e.g. --trials 3) go
     to `multicard plan` and `multicard run`. `save_calibration`: at the end, the rates this
-    collection measured become CALIBRATION."""
+    collection measured become CALIBRATION. `power`: the plan also says each claim's power."""
     python = dev_python(session)
     args = list(session.posargs)
     dry_run = "--dry-run" in args
@@ -253,7 +262,8 @@ def _run_collection(session: nox.Session, runs: tuple[tuple[str, str], ...], nam
     measured = ["--calibrate", str(CALIBRATION)] if CALIBRATION.exists() else []
     budgeted = _budget_plan(session, python, out, duration, dry_run, [*args, *measured, *specs])
     if not budgeted and duration is None:
-        multicard(session, python, "plan", "--summary", *args, *measured, *specs)
+        multicard(session, python, "plan", "--summary", *(["--power"] if power else []), *args,
+                  *measured, *specs)
     if dry_run:
         session.log("--dry-run: nothing started")
         return
@@ -316,9 +326,16 @@ def reproduce(session: nox.Session) -> None:
 
 @nox.session(name="kick-the-tires", python=False)
 def kick_the_tires(session: nox.Session) -> None:
-    """About 30 minutes on one GPU: Table 2 (FP64/FP32/FP16), Table 3 and Figure 6 at 1 GPU with
-    3 trials each, into artifact/runs/kick-<UTC>/ with REPORT.md and its claims table."""
+    """Est. 33 min on one GPU: Table 2 (FP64/FP32/FP16), Table 3 and Figure 6 at 1 GPU with 5
+    trials each, into artifact/runs/kick-<UTC>/ with REPORT.md and its claims table."""
     _run_collection(session, KICK_RUNS, "kick", save_calibration=True)
+
+
+@nox.session(python=False)
+def evaluate(session: nox.Session) -> None:
+    """Est. 5 h 47 min on 4 GPUs: the multi-card claims C5-C19 (LLM with random weights), plan and
+    each claim's power first (`-- --dry-run` stops there), into artifact/runs/evaluate-<UTC>/."""
+    _run_collection(session, EVAL_RUNS, "evaluate", power=True)
 
 
 @nox.session(python=False)

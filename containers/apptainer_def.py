@@ -12,7 +12,7 @@ and %test become the executable scripts /.singularity.d/runscript and /.singular
 after sourcing every /.singularity.d/env/*.sh. Differences that remain: the %test here runs as
 uid 1001 with a read-only root and no network (as `apptainer test` by a user on a SIF), where
 Apptainer's build-time test runs as the builder with the host's environment and default binds;
-and what an OCI build cannot show at all, the SIF's squashfs root and `--nv` (README, "Build and
+and what an OCI build cannot show at all, the SIF's squashfs root and `--nv` (docs/containers.md, "Build and
 run the image").
 """
 

@@ -10,9 +10,11 @@ import re
 import subprocess
 from pathlib import Path
 
-# What the image runs from: the package (with its hooks), the experiments and claims, the shipped
+# What the image runs from (and the documents a reviewer reads in it): the package (with its
+# hooks), the experiments and claims, the shipped
 # MNIST originals (verified at build time), the sessions, the device check and the build checks.
-IMAGE_NEEDS = ("pyproject.toml", "README.md", "noxfile.py", "src/multicard", "experiments",
+IMAGE_NEEDS = ("pyproject.toml", "README.md", "ARTIFACT.md", "LICENSE", "CITATION.cff", "docs",
+               "noxfile.py", "src/multicard", "experiments",
                "data/mnist", "benchmarks", "requirements/check_image.py", "requirements/image.toml",
                "requirements/container.txt")
 

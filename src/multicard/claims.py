@@ -9,7 +9,7 @@ the digit), with its reason. Verdicts come only from 95 % intervals (stats: Welc
 for a ratio of means, Welch's t for a difference), read as two one-sided tests at 2.5 % each
 against the tolerant band (an equivalence test), and only from groups where each arm has at least
 the spec's `[trials].min_ok` ok trials (5 in the paper profile, 3 otherwise; 3 traced trials for
-trace metrics). Labels (README, "Claims and verdicts"):
+trace metrics). Labels (docs/claims.md):
 
 - `supported` / `contradicted`: the interval lies where the paper says / wholly where it does not.
 - `consistent (imprecise)`: the estimate agrees but the interval reaches beyond (a range or band).
@@ -386,7 +386,8 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
         frame = frame[_selected(frame, claim.where)]
         varied = set(claim.compare) | set(claim.against)
         others = [k for k in factors if k not in varied and k in frame]
-        grouped = frame.groupby(others, sort=False) if others else [((), frame)]
+        grouped = _in_grid_order(frame.groupby(others, sort=False), others, run.spec) if others \
+            else [((), frame)]
         minimum = TRACED_MIN_OK if traced else run.spec.min_ok
         for keys, group in grouped:
             keys = keys if isinstance(keys, tuple) else (keys,)
@@ -410,6 +411,17 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
     if not groups:
         return Verdict(claim, "not run", f"no trials of {claim.experiment} match the comparison")
     return _verdict(claim, groups, left_out + notes)
+
+
+def _in_grid_order(groups: Any, keys: list[str], spec: Spec) -> list[tuple[Any, pd.DataFrame]]:
+    """Groups in the spec's own order of levels (fp64 before fp32, 1 GPU before 2), not in the
+    order the interleaved trials happened to run."""
+    def rank(item: tuple[Any, pd.DataFrame]) -> list[int]:
+        values = item[0] if isinstance(item[0], tuple) else (item[0],)
+        levels = [spec.grid.get(k, []) for k in keys]
+        return [lv.index(v) if v in lv else len(lv) for lv, v in zip(levels, values, strict=True)]
+
+    return sorted(groups, key=rank)
 
 
 def _group(claim: Claim, label: str, a: list[float], b: list[float], minimum: int) -> Evidence:

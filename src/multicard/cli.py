@@ -1,4 +1,6 @@
-"""The `multicard` command line (DESIGN.md "CLI"): one small function per subcommand.
+"""multicard: repeated, verifiable re-runs of the experiments of arXiv 2505.22905.
+
+The command line (docs/design.md "CLI"): one small function per subcommand.
 
 Exit status: 0 ok; 1 a check failed (verify); 2 bad input, reported on one line.
 """
@@ -315,9 +317,9 @@ def _estimate_json(found: Any) -> dict[str, Any]:
 def _provenance(estimates: list[Any]) -> str:
     measured = sum(e.how == "measured" for e in estimates)
     if not measured:
-        return "Cost model: multicard/cost.py, guessed (CUDA rates are estimates)."
+        return "Cost model: src/multicard/cost.py, guessed (CUDA rates are estimates)."
     return (f"{measured} of {len(estimates)} trial estimates measured (plan --calibrate), "
-            f"{len(estimates) - measured} guessed (multicard/cost.py).")
+            f"{len(estimates) - measured} guessed (src/multicard/cost.py).")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -498,6 +500,25 @@ def _measured_cv(dirs: list[Path]) -> tuple[list[float], str]:
     return [cv], f"{cv:.1%} measured: the median over {configs} config(s) of {len(runs)} run(s)"
 
 
+def cmd_list(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from multicard import catalog, claims
+
+    claims_file = args.claims or claims.default_file()
+    questions = claims_file.parent / claims.QUESTIONS_FILE
+    claim_list = claims.load(claims_file) + (claims.load(questions) if questions.is_file() else [])
+    found = catalog.experiments(args.experiments or claims_file.parent, claim_list)
+    rows = [[e.file, e.workload, "\n".join(f"{p}: {n} configs x {t}" for p, n, t in e.profiles),
+             " ".join(e.claims) or "-"] for e in found]
+    print(tabulate(rows, headers=["experiment", "workload", "profiles (configs x trials)", "claims"],
+                   tablefmt="simple_grid", maxcolwidths=[None, None, None, 30]))
+    rows = [[c.id, "\n".join(catalog.read_by(c)), c.kind, c.text] for c in claim_list]
+    print(tabulate(rows, headers=["claim", "experiments", "kind", "statement"],
+                   tablefmt="simple_grid", maxcolwidths=[None, 24, None, 60]))
+    return 0
+
+
 def cmd_topo(args: argparse.Namespace) -> int:
     from multicard import numa
 
@@ -562,9 +583,25 @@ def _print_verify(directory: Path, result: Any, sums_name: str) -> int:
     return 1
 
 
+EXAMPLES = """examples:
+  multicard list                                        experiments, profiles and claims
+  multicard plan experiments/table2_precision.toml --profile kick --power
+  multicard run experiments/table2_precision.toml --profile kick --out runs/t2
+  multicard report runs/t2                              tables, figures, REPORT.md, SHA256SUMS
+  multicard verify runs/t2 && multicard pack runs/t2    check every file, then archive it
+  multicard claims power --profile kick --cv 0.02 0.05  what each verdict reads where the paper is right
+
+Each command's own --help has its options. Exit status: 0 ok, 1 a check failed, 2 bad input."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="multicard", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    from multicard import __version__
+
+    parser = OneLineParser(prog="multicard", description=__doc__.splitlines()[0], epilog=EXAMPLES,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"multicard {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser,
+                                metavar="COMMAND")
 
     def add(name: str, func: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -613,25 +650,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="words between the launcher and each node's part, e.g. "
                         "'apptainer exec --nv multicard.sif'")
 
+    p = add("list", cmd_list, "the experiments (with their profiles, configs and trials) and the "
+            "claims each answers")
+    p.add_argument("--experiments", type=Path, metavar="DIR",
+                   help="folder of experiment specs (default: experiments/ beside claims.toml)")
+    p.add_argument("--claims", type=Path, help="claims file (default: experiments/claims.toml)")
+
     p = add("report", cmd_report, "tables, figures, REPORT.md and SHA256SUMS for run directories")
-    p.add_argument("dirs", type=Path, nargs="+", metavar="DIR")
+    p.add_argument("dirs", type=Path, nargs="+", metavar="DIR",
+                   help="run directories (several: one report judging the claims over all)")
     p.add_argument("--out", type=Path, help="output directory (default: DIR when only one is given)")
     p.add_argument("--claims", type=Path, help="claims to judge (default: experiments/claims.toml)")
 
     p = add("verify", cmd_verify, "check every file of a directory or a packed archive against "
             "SHA256SUMS, without extracting (exit 1 naming bad or unsafe files)")
-    p.add_argument("path", type=Path, metavar="DIR|ARCHIVE")
+    p.add_argument("path", type=Path, metavar="DIR|ARCHIVE",
+                   help="a run or report directory, or an archive `multicard pack` wrote")
 
     p = add("pack", cmd_pack, "verify DIR, then write its files and SHA256SUMS to DIR.tar.gz "
             "beside it (deterministic); prints the archive's path")
-    p.add_argument("dir", type=Path, metavar="DIR")
+    p.add_argument("dir", type=Path, metavar="DIR", help="a run or report directory with SHA256SUMS")
     p.add_argument("--out", type=Path, help="archive path (default: DIR.tar.gz beside DIR)")
 
     add("env", cmd_env, "print the environment record (env.json) to stdout")
 
     p = add("topo", cmd_topo, "NUMA nodes, GPUs and links as JSON: this machine, or saved outputs "
             "of `numactl --hardware` / `nvidia-smi topo -m`")
-    p.add_argument("files", type=Path, nargs="*", metavar="FILE")
+    p.add_argument("files", type=Path, nargs="*", metavar="FILE",
+                   help="saved `numactl --hardware` and `nvidia-smi topo -m` outputs (none: this "
+                        "machine)")
 
     p = add("claims", lambda a: a.claims_func(a), "the claims' verdict rules")
     claims_sub = p.add_subparsers(dest="claims_command", required=True, parser_class=OneLineParser)
@@ -648,16 +695,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="trials per config (default: the profile's)")
     c.add_argument("--runs", type=_bounded_int(10, 100_000), default=100,
                    help="draws per world (default 100)")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
     c.add_argument("--no-needed", action="store_true", help="skip the trials-for-80%% search")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--json", action="store_true", help="one JSON object per claim and world")
     c.set_defaults(claims_func=cmd_claims_power)
 
     p = add("trace", lambda a: a.trace_func(a), "profiling traces")
     trace_sub = p.add_subparsers(dest="trace_command", required=True, parser_class=OneLineParser)
     t = trace_sub.add_parser("summarize", help="the paper's Nsight metrics of nsys SQLite exports "
                              "or Kineto JSON traces, as JSON keyed by file")
-    t.add_argument("files", type=Path, nargs="+", metavar="FILE")
+    t.add_argument("files", type=Path, nargs="+", metavar="FILE",
+                   help="nsys SQLite exports (.sqlite) or Kineto JSON traces (.json, .json.gz)")
     t.set_defaults(trace_func=cmd_trace_summarize)
 
     p = add("data", lambda a: a.data_func(a), "datasets")

@@ -1,6 +1,6 @@
 """NUMA: topology (live or from saved command output), binding policies, placement evidence.
 
-Topology JSON (DESIGN.md "Topology"): `nodes` [{node, cpus, memory_mb}], `gpus` [{gpu, numa_node,
+Topology JSON (docs/design.md "Topology"): `nodes` [{node, cpus, memory_mb}], `gpus` [{gpu, numa_node,
 cpus}], `links` {"GPU0": {"GPU1": "NV18", ...}}. Live, it comes from sysfs (nodes; each GPU's PCI
 device `numa_node` and `local_cpulist`), NVML (which GPUs, their PCI addresses) and
 `nvidia-smi topo -m` (links). Saved outputs of `numactl --hardware` and `nvidia-smi topo -m` are

@@ -2,8 +2,8 @@
 
 One table per workload. `spec` validates TOML against it, the workload builds its argparse from
 it, and `launch` turns values into flags, so a setting is declared exactly once. The paper does not
-give batch size, optimizer, learning rate or worker counts (PAPER.md section 8); the defaults
-below are ours and are documented in the README.
+give batch size, optimizer, learning rate or worker counts (docs/paper.md section 8); the defaults
+below are ours and are documented in docs/experiments.md ("Settings the paper does not give").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Experiment specs: load and validate TOML, merge a profile, expand the grid into trial plans.
 
-A spec file is data (DESIGN.md "Experiment spec"). Every problem is an `InputError` whose message
+A spec file is data (docs/design.md "Experiment spec"). Every problem is an `InputError` whose message
 names the file, the key and what was expected, on one line. Config ids are a hash of the experiment
 name, the workload and every resolved setting, so they are stable across runs and machines and
 change exactly when what a trial does changes.
@@ -390,8 +390,9 @@ def _timeout(check: _Checker, value: Any) -> float:
 def _merge_profile(check: _Checker, doc: dict[str, Any], profile: str) -> dict[str, Any]:
     """Overlay `[profiles.<profile>]`. `paper` is the base document itself (plus any overlay).
 
-    A key that the profile fixes leaves the grid, and a key that it varies leaves `fixed`, so a
-    profile can turn a factor into a constant and back.
+    A key that the profile fixes leaves the grid (and the base's [baseline], which it can no
+    longer name), and a key that it varies leaves `fixed`, so a profile can turn a factor into a
+    constant and back.
     """
     profiles = check.table("[profiles]", doc.get("profiles", {}))
     for pname, body in profiles.items():
@@ -415,6 +416,9 @@ def _merge_profile(check: _Checker, doc: dict[str, Any], profile: str) -> dict[s
         base = check.table(f"[{section}]", doc.get(section, {}))
         extra = check.table(f"[profiles.{profile}].{section}", overlay.get(section, {}))
         merged[section] = {**base, **extra}
+    fixed_here = set(overlay.get("fixed", {}))
+    merged["baseline"] = {k: v for k, v in merged["baseline"].items()
+                          if k not in fixed_here or k in overlay.get("baseline", {})}
     return merged
 
 

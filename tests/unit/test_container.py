@@ -145,7 +145,8 @@ context = load_tool("context")
 apptainer_def = load_tool("apptainer_def")
 check_image = load_tool_from(ROOT / "requirements" / "check_image.py")
 PAPER_EXACT = (ROOT / "containers" / "paper-exact" / "Dockerfile").read_text()
-PAPER_EXACT_NEEDS = ("pyproject.toml", "README.md", "noxfile.py", "src/multicard", "experiments",
+PAPER_EXACT_NEEDS = ("pyproject.toml", "README.md", "ARTIFACT.md", "LICENSE", "CITATION.cff", "docs",
+                     "noxfile.py", "src/multicard", "experiments",
                      "data/mnist", "benchmarks", "requirements/check_image.py",
                      "requirements/paper-exact.toml", "requirements/paper-exact.txt", "requirements/uv.txt")
 

@@ -23,7 +23,22 @@ def test_reproduce_runs_every_experiment_and_every_numa_profile_once() -> None:
     assert len(set(NOXFILE.PAPER_RUNS)) == len(NOXFILE.PAPER_RUNS)
     numa = tomllib.loads((EXPERIMENTS / "numa_binding.toml").read_text())["profiles"]
     assert {p for e, p in NOXFILE.PAPER_RUNS if e == "numa_binding"} == {"paper"} | (
-        set(numa) - {"smoke"})
+        set(numa) - {"smoke", "eval"})  # eval is the evaluation's, below
+
+
+def test_evaluate_fits_6_hours_on_4_gpus_and_can_decide_c5_to_c19() -> None:
+    from multicard import claims
+
+    specs = [spec.load(EXPERIMENTS / f"{e}.toml", p) for e, p in NOXFILE.EVAL_RUNS]
+    assert len(set(NOXFILE.EVAL_RUNS)) == len(NOXFILE.EVAL_RUNS)
+    seconds = sum(cost.trial_seconds(s.workload, t.params) for s in specs for t in spec.plan(s))
+    assert all(s.fixed["device"] == "cuda" and max(t.params["gpus"] for t in spec.plan(s)) <= 4
+               for s in specs)
+    assert 4 * 3600 <= seconds <= 6 * 3600
+    claim_list = claims.load(claims.default_file())
+    decided = {c.id for c in claim_list if c.id.startswith("C")
+               and all(claims.decided_by(c, specs))}
+    assert {f"C{i}" for i in range(5, 20)} <= decided, sorted(decided)
 
 
 def test_kick_the_tires_fits_35_minutes_on_one_gpu_by_the_cost_model() -> None:

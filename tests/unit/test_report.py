@@ -237,7 +237,8 @@ def test_runs_on_one_machine_show_its_environment_and_topology_once(tmp_path: Pa
     text = (tmp_path / "out" / "REPORT.md").read_text()
     section = text.split("## Environment")[1].split("## Claims")[0]
     [row] = [line for line in section.splitlines() if "| node1 " in line]
-    assert f"`{first}`, `{second}`" in row  # one row for the machine, naming both runs
+    assert row.rstrip(" |").endswith("2")  # one row for the machine, with both runs
+    assert f"- machine 1: `{first}`, `{second}`" in section
     assert section.count("Topology of") == 1
 
 

@@ -1,4 +1,4 @@
-"""Scenario A: MNIST upsampled on the fly inside the Dataset (PAPER.md section 2.2).
+"""Scenario A: MNIST upsampled on the fly inside the Dataset (docs/paper.md section 2.2).
 
 Each 28x28 grayscale digit is scaled to [0, 1], resized to NxN with bilinear interpolation
 (align_corners=False; the paper does not name its method), normalised with the MNIST mean/std and

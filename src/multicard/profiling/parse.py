@@ -1,4 +1,4 @@
-"""Traces -> the paper's Nsight metrics (DESIGN.md "Trace summary"), for nsys SQLite and Kineto JSON.
+"""Traces -> the paper's Nsight metrics (docs/design.md "Trace summary"), for nsys SQLite and Kineto JSON.
 
 A trace of a 20-epoch run holds millions of rows, so each activity table is read once, only the
 columns the summary needs, as arrays (profiling/activity.py: connectorx, the tables cut into

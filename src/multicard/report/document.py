@@ -16,14 +16,16 @@ from tabulate import tabulate
 
 import multicard
 from multicard import artifact, claims, cost, power, stats, summarize
+from multicard.report import html
 from multicard.report.figures import plot_breakdown, plot_ladder, plot_primary, plot_time_and_energy
-from multicard.report.formatting import label
+from multicard.report.formatting import label, run_nature
 from multicard.report.runs import RunData, discover_runs, load_run
 from multicard.report.tables import (
     display_effects,
     display_pause_table,
     display_table,
     display_trace_table,
+    headline_table,
     render_csv,
     render_markdown,
     warning_texts,
@@ -44,7 +46,7 @@ def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | N
     # the NUMA section's test with the tolerance the claims judge C10 by
     numa_tolerance = next((p.tolerance for c in claim_list or [] for p in (c.parts or (c,))
                            if p.kind == "numa" and p.tolerance is not None), summarize.PENALTY_TOLERANCE)
-    sections = [_environment_section(runs, out), _budget_section(dirs),
+    sections = [_environment_section(runs, out), _reading_section(runs), _budget_section(dirs),
                 _claims_section(runs, claim_list, out), _energy_section(runs, questions, out)]
     # the ladder's loader-only rung comes from the collection's loader_only runs
     loader_only: summarize.LoaderRates = {}
@@ -58,6 +60,7 @@ def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | N
     header = (f"# multicard report\n\nGenerated {datetime.now(UTC).isoformat(timespec='seconds')} "
               f"by multicard {multicard.__version__}.\n")
     artifact.write_text_atomic(out / "REPORT.md", "\n".join([header, *(s for s in sections if s)]))
+    html.write(out, "multicard report")
     return artifact.write_checksums(out)
 
 
@@ -76,8 +79,11 @@ def _environment_section(runs: list[RunData], out: Path) -> str:
         row = _machine_row(run.env)
         entry = machines.setdefault(tuple(row.values()), {"runs": [], **row})
         entry["runs"].append(f"`{_rel(run.path, out)}`")
-    rows = [{**m, "runs": ", ".join(m["runs"])} for m in machines.values()]
-    table = tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
+    rows = [{"machine": i, **{k: v for k, v in m.items() if k != "runs"}, "runs": len(m["runs"])}
+            for i, m in enumerate(machines.values(), start=1)]
+    table = tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False) + "\n\n" \
+        + "\n".join(f"- machine {i}: {', '.join(m['runs'])}"
+                    for i, m in enumerate(machines.values(), start=1))
     seen: dict[str, list[str]] = {}
     for run in runs:
         seen.setdefault(topology_tables(run.env), []).append(f"`{_rel(run.path, out)}`")
@@ -141,8 +147,16 @@ INTERVALS_NOTE = (
     "geometric means with Welch's t on log values, or of means with Fieller's where values are "
     "0; the percentile bootstrap is in the "
     "CSV beside it as a cross-check only (it covers about 80 % at n = 3). A claim is decided only "
-    "from at least {min_ok} ok trials per arm. The intervals describe trial-to-trial noise on "
-    "this machine; they say nothing about another machine.")
+    "from at least its experiment's minimum of ok trials per arm (each section names it). The "
+    "intervals describe trial-to-trial noise on this machine; they say nothing about another "
+    "machine.")
+
+
+def _reading_section(runs: list[RunData]) -> str:
+    """What every section's numbers are, said once."""
+    vision = any(r.spec.workload == "vision" for r in runs)
+    notes = [INTERVALS_NOTE, *([VISION_TIMING_NOTE] if vision else [])]
+    return "## How to read the numbers\n\n" + "\n\n".join(notes) + "\n"
 
 
 def _config_label(spec: Spec, row: pd.Series) -> str:
@@ -195,21 +209,24 @@ def _experiment_section(run: RunData, name: str, out: Path, echo: Callable[[str]
     has_ladder = plot_ladder(spec, table, ladder, out / "figures" / f"{name}_ladder.png")
     if has_ladder:
         ladder.to_csv(tables / f"{name}_ladder.csv", index=False)
-    fixed = ", ".join(f"{k}={v}" for k, v in spec.fixed.items())
+    fixed = "\n".join(f"- `{k}` = {v}" for k, v in spec.fixed.items())
     lines = [
-        f"## {spec.title}" + (": the loader alone, no model" if summarize.is_loader_only(spec) else ""),
+        f"## {spec.title}" + (": the loader alone, no model" if summarize.is_loader_only(spec) else "")
+        + f" ({run_nature(spec)})",
         "",
         f"Experiment `{spec.name}` ({spec.paper or 'extension'}), profile `{spec.profile}`, "
         f"run `{_rel(run.path, out)}`: {len(trials)} of {run.planned} planned trials ok"
-        f"{_pilot_text(summarize.pilot_count(spec, run.records))}, {_not_ok_text(failed)}.",
-        "",
-        f"Fixed settings: {fixed}.",
+        f"{_pilot_text(summarize.pilot_count(spec, run.records))}, {_not_ok_text(failed)}; "
+        f"a verdict needs {spec.min_ok} ok trials per arm"
+        + (f"; speed-ups are over {', '.join(f'{k}={v}' for k, v in spec.baseline.items())}"
+           if spec.baseline else "") + ".",
         "",
         *_budget_lines(spec),
-        markdown,
+        render_markdown(headline_table(spec, table)),
         f"Raw per-trial values: `tables/{name}_trials.csv`; all statistics: `tables/{name}.csv`.",
         "",
-        INTERVALS_NOTE.format(min_ok=spec.min_ok),
+        _collapsed(f"every statistic ({len(display.columns)} columns)", markdown),
+        _collapsed(f"fixed settings ({len(spec.fixed)})", fixed),
     ]
     lines += _auto_note(run.path)
     warned = [f"- {_config_label(spec, r)}: {'; '.join(texts)}" for _, r in table.iterrows()
@@ -219,8 +236,6 @@ def _experiment_section(run: RunData, name: str, out: Path, echo: Callable[[str]
         for line in warned if echo else []:
             echo(f"warning: {spec.name}: {line.removeprefix('- ')}")
     lines += _stray_lines(spec, summarize.stray_trials(spec, run.records), echo)
-    if spec.workload == "vision":
-        lines += ["", VISION_TIMING_NOTE]
     lines += _trace_sections(spec, run.records, name, tables)
     if "numa_policy" in spec.grid:
         lines += ["", numa_section(spec, trials, numa_tolerance)]
@@ -305,8 +320,9 @@ def _trace_sections(spec: Spec, records: list[dict[str, Any]], name: str, tables
     if not traces.empty:
         lines += ["", "Profiled trials (extra, untimed): the paper's Nsight metrics per rank, mean "
                   "over traced trials; raw traces under `raw/*-<trace>-*/`.", "",
-                  write_tables(tables / f"{name}_nsight", display_trace_table(spec, traces),
-                                traces.to_csv(index=False))]
+                  _collapsed(f"the Nsight metrics ({len(traces)} rows): `tables/{name}_nsight.csv`",
+                             write_tables(tables / f"{name}_nsight", display_trace_table(spec, traces),
+                                          traces.to_csv(index=False)))]
     pauses = summarize.pause_table(spec, records)
     if not pauses.empty:
         lines += ["", "Pause before the first step of each epoch, from the trace timeline (the "
@@ -330,8 +346,8 @@ def numa_section(spec: Spec, trials: pd.DataFrame,
     lines = [f"### NUMA hypothesis ({spec.name})", "",
              "Ratios are mean(time under the reference) / mean(time under the compared level), with "
              "a 95% CI (Welch's t on log times): above 1 means the compared level is faster (or "
-             "pauses less), below 1 slower (README, NUMA). Question 1 is a test of the penalty "
-             "T_torch/T_dali: there without binding (CI above 1), within "
+             "pauses less), below 1 slower (docs/experiments.md, \"NUMA\"). Question 1 is a test "
+             "of the penalty T_torch/T_dali: there without binding (CI above 1), within "
              f"{tolerance:.0%} of 1 under `local` (claims.toml's [tolerance.numa]), in every group "
              "of the other factors.", ""]
     for number, finding in enumerate(summarize.numa_findings(spec, trials, tolerance), start=1):
@@ -347,13 +363,49 @@ def _claims_section(runs: list[RunData], claim_list: list[claims.Claim] | None, 
         return "## Claims of the paper\n\nNo claims file (experiments/claims.toml) was given.\n"
     table, counts = _verdicts(runs, claim_list)
     display = table.assign(verdict=[f"**{v}**" for v in table["verdict"]])
+    full = write_tables(out / "tables" / "claims", display, table.to_csv(index=False))
     return ("## Claims of the paper\n\n"
             f"{len(table)} claims: {counts}. Verdicts follow the 95% confidence intervals only "
-            "(README, \"Claims and verdicts\"). A ratio is mean(metric of the reference arm) / "
+            "(docs/claims.md). A ratio is mean(metric of the reference arm) / "
             "mean(metric of the arm the claim is about), e.g. C1: time(FP64) / time(FP32), so above "
             "1 means the claim's arm has the smaller value (is faster, uses less memory); "
             "`experiments/claims.toml` names both arms of each claim.\n\n"
-            + write_tables(out / "tables" / "claims", display, table.to_csv(index=False)))
+            + render_markdown(_narrow_claims(table)) + "\n\n" + "\n".join(_claim_reasons(table))
+            + "\n\n" + _collapsed("every column: `tables/claims.csv`", full))
+
+
+NARROW_CLAIMS = {"claim": "claim", "verdict": "verdict", "Holm-adjusted": "Holm", "paper": "paper",
+                 "first group": "ours, first group [95% CI]",
+                 "power if the paper is right": "power if right"}
+
+
+def _narrow_claims(table: pd.DataFrame) -> pd.DataFrame:
+    """The claims table a page can hold: one short line per claim, the reasons below it. A
+    number beside `not run` was not judged (other hardware, too few trials), and says so."""
+    first = [("unjudged: " if v == "not run" and e != "–" else "") + e
+             for v, e in zip(table["verdict"], table["first group"], strict=True)]
+    narrow = table.assign(verdict=[f"**{v}**" for v in table["verdict"]], **{"first group": first},
+                          paper=[_shortened(t, 32) for t in table["paper"]])
+    return narrow[list(NARROW_CLAIMS)].rename(columns=NARROW_CLAIMS)
+
+
+def _shortened(text: str, most: int) -> str:
+    return text if len(text) <= most else text[:most - 1].rstrip() + "…"
+
+
+def _claim_reasons(table: pd.DataFrame) -> list[str]:
+    lines = []
+    for row in table.to_dict("records"):
+        bound = f" Data-bound? {row['data-bound?']}." if row["data-bound?"] != "–" else ""
+        lines.append(f"- **{row['claim']}** {row['the paper says']} ({row['experiment']}; the "
+                     f"paper: {row['paper']}). Reproduced if {row['reproduced if']}. Ours: "
+                     f"{row['ours [95% CI]']}. {row['why']}.{bound}")
+    return lines
+
+
+def _collapsed(summary: str, body: str) -> str:
+    """A section a reader opens when wanted (HTML <details>; GitHub and REPORT.html fold it)."""
+    return f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>\n"
 
 
 def _energy_section(runs: list[RunData], questions: list[claims.Claim] | None, out: Path) -> str:
@@ -362,7 +414,10 @@ def _energy_section(runs: list[RunData], questions: list[claims.Claim] | None, o
     if questions is None:
         return ""
     table, counts = _verdicts(runs, questions)
-    table = table.rename(columns={"claim": "question", "the paper says": "question asked"})
+    narrow = render_markdown(_narrow_claims(table).rename(columns={"claim": "question"})) + "\n" \
+        + "\n".join(_claim_reasons(table))
+    table = table.drop(columns=["first group"]).rename(
+        columns={"claim": "question", "the paper says": "question asked"})
     display = table.assign(verdict=[f"**{v}**" for v in table["verdict"]])
     sources = summarize.energy_sources(r for run in runs for r in run.records)
     read = ("; ".join(f"{how}: {n} trial(s)" for how, n in sorted(sources.items())) if sources
@@ -374,8 +429,10 @@ def _energy_section(runs: list[RunData], questions: list[claims.Claim] | None, o
             "window is at least 1 s and from its power samples integrated where it is shorter "
             f"(node level for the GPUs, not the wall socket); read here as {read}. A ratio above "
             "1 means the lever's arm uses less energy per image. Same intervals and verdict rules "
-            "as the claims.\n\n"
-            + write_tables(out / "tables" / "energy_questions", display, table.to_csv(index=False)))
+            "as the claims.\n\n" + narrow + "\n\n"
+            + _collapsed("every column: `tables/energy_questions.csv`",
+                         write_tables(out / "tables" / "energy_questions", display,
+                                      table.to_csv(index=False))))
 
 
 def _verdicts(runs: list[RunData], claim_list: list[claims.Claim]) -> tuple[pd.DataFrame, str]:
@@ -395,6 +452,7 @@ def _verdicts(runs: list[RunData], claim_list: list[claims.Claim]) -> tuple[pd.D
         "claim": v.claim.id, "the paper says": v.claim.text, "paper": v.claim.paper,
         "verdict": v.verdict, "Holm-adjusted": holm, "reproduced if": criterion_text(v.claim),
         "ours [95% CI]": evidence_text(v.evidence), "why": v.why,
+        "first group": evidence_text(v.evidence, shown=1),
         "power if the paper is right": power_text(found),
         "experiment": ", ".join(_claim_experiments(v.claim)),
         "data-bound?": _bounds(v.claim, runs),
@@ -451,13 +509,14 @@ def _bounds(claim: claims.Claim, runs: list[RunData]) -> str:
         table = summarize.config_table(run.spec, trials, summarize.failures(run.spec, run.records))
         if "bound" not in table:
             continue
-        for arm in (claim.compare, claim.against):
+        for arm in (a for a in (claim.compare, claim.against) if a):  # an outcome has one arm
             rows = table[[all(_in(r.get(k), v) for k, v in {**arm, **claim.where}.items())
                           for r in table.to_dict("records")]]
             rows = rows[rows[f"{run.spec.primary}.n"] > 0]  # configs with ok trials only
             labels = sorted({str(b) for b in rows["bound"].dropna()})
+            where = "".join(f" at {k}={v}" for k, v in claim.where.items())
             found.append(f"{', '.join(f'{k}={v}' for k, v in arm.items())}: "
-                         f"{'/'.join(labels) or 'no trials'}")
+                         f"{'/'.join(labels) or 'no ok trial' + where}")
     return "; ".join(found) or "–"
 
 
@@ -525,12 +584,13 @@ def _failures_section(runs: list[RunData], out: Path) -> str:
     if not rows:
         return "## Failures and skips\n\nNo attempt failed and no config was skipped.\n" + torn
     table = pd.DataFrame(rows)
-    table["message"] = [_first_line(m)[:160] for m in table["message"]]
+    messages = "\n".join(f"- {r['experiment']}, {r['cause']}: {_first_line(r['message'])[:300]}"
+                         for r in table.to_dict("records"))
     return ("## Failures and skips\n\nEvery attempt that failed (error, timeout, oom) and every "
             "config this machine could not run (`skipped`, with the reason), by cause; the "
             "per-trial list is in each section above, the stderr of a failed attempt in "
             "`raw/<config>-t<trial>-a<attempt>/stderr.log`.\n\n"
-            + render_markdown(table) + torn)
+            + render_markdown(table.drop(columns=["message", "run"])) + "\n" + messages + "\n" + torn)
 
 
 def _some(numbers: list[int], shown: int = 10) -> str:
@@ -556,13 +616,15 @@ def _compute_section(runs: list[RunData], out: Path) -> str:
 
 
 def _verify_section(out: Path) -> str:
+    # relative to where the reader stands: the absolute path is gone once the run is packed
     return (
         "## How to verify these files\n\n"
         "Every file under this directory is listed in `SHA256SUMS` (coreutils format):\n\n"
         "```\n"
-        f"cd {out.as_posix()} && sha256sum -c SHA256SUMS\n"
-        f"multicard verify {out.as_posix()}    # also names files that are missing or unlisted\n"
+        "sha256sum -c SHA256SUMS    # in this directory\n"
+        f"multicard verify {out.name}    # from the one above; also names missing or unlisted files\n"
         "```\n\n"
-        f"To deposit it in an archive: `multicard pack {out.as_posix()}` writes a deterministic "
-        f"`{out.name}.tar.gz` beside it, which `multicard verify` checks without extracting.\n"
+        f"To deposit it in an archive: `multicard pack {out.name}` writes a deterministic "
+        f"`{out.name}.tar.gz` beside it, which `multicard verify {out.name}.tar.gz` checks "
+        "without extracting.\n"
     )

@@ -112,7 +112,7 @@ def paper_values(values: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-# The paper's Nsight metrics (PAPER.md section 5) -> trace summary keys. "CUDA memcpy HtoD" is the
+# The paper's Nsight metrics (docs/paper.md section 5) -> trace summary keys. "CUDA memcpy HtoD" is the
 # GPU-side copy activity; NCCL kernels include ncclDevKernel_AllGather.
 TRACE_COLUMNS: dict[str, tuple[str, str]] = {
     "HtoD copies (n)": ("memcpy_htod_count", "count"),
@@ -141,3 +141,32 @@ TRACE_COLUMNS: dict[str, tuple[str, str]] = {
 
 UNITS: dict[str, Callable[[float], str]] = {
     "count": lambda v: f"{v:.0f}", "mib": lambda v: f"{v / 2**20:.4g}", "ms": lambda v: f"{v / 1e6:.4g}"}
+
+
+def run_nature(spec: Any) -> str:
+    """What kind of run this is, in a few words for headings and figure titles: the profile, the
+    device, trials per config and the settings a spec's title may not match (the images' size,
+    the model), e.g. "CPU smoke, n = 1, 32 px"."""
+    def setting(key: str) -> str | None:
+        if key in spec.fixed:
+            return str(spec.fixed[key])
+        values = spec.grid.get(key)
+        return "/".join(str(v) for v in values) if values else None
+
+    device = (setting("device") or "cuda").upper().replace("CUDA", "GPU")
+    parts = [f"{device} {spec.profile}" if spec.profile != "paper" else f"{device}, paper settings",
+             f"n = {spec.trials}"]
+    if (size := setting("image_size")) and spec.workload == "vision":
+        parts.append(f"{size} px")
+    if (model := setting("model")) and spec.workload == "llm":
+        parts.append(f"model {model}" + (", random weights" if setting("weights") == "random" else ""))
+    return ", ".join(parts)
+
+
+def config_tick(key: str, value: Any) -> str:
+    """One factor's level on an axis: `loader=torch`, `fp16`, `1 GPU` / `4 GPUs`, `pin_memory=True`."""
+    if key == "gpus":
+        return f"{value} GPU" + ("" if str(value) == "1" else "s")
+    if key == "precision":
+        return str(value)
+    return f"{key}={value}"

@@ -58,6 +58,28 @@ def display_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def headline_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
+    """The table a reader reads first: the factor levels, n, the primary metric and the speed-up
+    over the baseline with their 95 % CIs (3 figures), the paper's value and what failed; every
+    other statistic is in display_table (the CSV and the collapsed table)."""
+    three = lambda v: f"{v:.3g}"  # noqa: E731
+    out = pd.DataFrame({factor: table[factor] for factor in spec.grid})
+    out["n"] = table[f"{spec.primary}.n"].astype(int)
+    p = spec.primary
+    out[f"{label(p)} [95% CI]"] = [
+        ("not measured" if r[f"{p}.n"] else "–") if math.isnan(r[f"{p}.mean"]) else
+        with_ci(r[f"{p}.mean"], r[f"{p}.ci_lo"], r[f"{p}.ci_hi"], lambda v: format_metric(p, v))
+        for _, r in table.iterrows()]
+    if spec.baseline:  # the section's line above the table names the baseline
+        out["speed-up [95% CI]"] = [
+            "baseline" if r["baseline"] else with_ci(r["speedup"], r["speedup.lo"], r["speedup.hi"], three)
+            for _, r in table.iterrows()]
+    out["paper"] = [paper_values(v) or "–" for v in table["paper"]]
+    out["not ok"] = [f"{n} ({', '.join(c)})" if n else "0"
+                     for n, c in zip(table["failed"], table["failure_causes"], strict=True)]
+    return out
+
+
 def bound_text(row: pd.Series) -> str:
     """"data-bound (0.52 [0.49, 0.55])"; the synthetic loader's own row is the ceiling."""
     if row["bound"] == "ceiling":
@@ -81,9 +103,13 @@ def warning_texts(spec: Spec, row: pd.Series) -> list[str]:
 def display_trace_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
     """Per config, per rank, mean over traced trials."""
     out = table[[*spec.grid, "trace", "n"]].copy()
+    # a CPU trial has no device: its copies and kernels were not measured, they were not zero
+    on_cpu = [str(d) == "cpu" for d in (table["device"] if "device" in table
+                                         else [spec.fixed.get("device")] * len(table))]
     for title, (key, unit) in TRACE_COLUMNS.items():
         values = table[key] if key in table else [math.nan] * len(table)  # a trace summarized before the key
-        out[title] = ["not measured" if v is None or math.isnan(v) else UNITS[unit](v) for v in values]
+        out[title] = ["not measured (CPU)" if cpu else "not measured" if v is None or math.isnan(v)
+                      else UNITS[unit](v) for v, cpu in zip(values, on_cpu, strict=True)]
     return out
 
 

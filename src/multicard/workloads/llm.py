@@ -185,7 +185,7 @@ def parse_metric_log(text: str) -> list[dict[str, float]]:
 
 
 def metrics(steps: list[dict[str, float]], warmup: int) -> dict[str, Any]:
-    """DESIGN.md LLM metrics from the logged steps, the first `warmup` steps left out.
+    """docs/design.md LLM metrics from the logged steps, the first `warmup` steps left out.
 
     Step time is the gap between consecutive wall-clock stamps (one log line per step). Peak
     memory is the largest over all steps (warm-up included: that is the job's real peak).

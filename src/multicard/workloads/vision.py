@@ -6,7 +6,7 @@ The rank entry point that torchrun starts, one process per GPU (per gloo rank on
         --out DIR --data-dir data --device cpu --precision bf16 --image-size 32 ...
 
 Every setting is declared once in `multicard.params.VISION`. Rank 0 writes DIR/result.json with
-the metrics named in DESIGN.md. What is timed, and why:
+the metrics named in docs/design.md. What is timed, and why:
 
 - `warmup_steps` untimed steps run first (oneDNN/cuDNN initialisation, allocator growth, DDP
   bucket rebuild), then the model and optimizer are reset to their initial state, so the timed
@@ -386,7 +386,7 @@ def evaluate(
 
 
 def combine_ranks(ranks: list[dict[str, Any]], test_accuracy: float | None) -> dict[str, Any]:
-    """One trial's metrics from every rank's measurements (DESIGN.md names).
+    """One trial's metrics from every rank's measurements (docs/design.md names).
 
     A job is as slow as its slowest rank, so times take the max over ranks; the pause before an
     epoch likewise, and memory. Waits, fractions and utilisation are averaged; samples summed.
