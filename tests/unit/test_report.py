@@ -342,3 +342,31 @@ def test_a_skipped_config_is_not_counted_as_a_failed_attempt() -> None:
     assert document._not_ok_text(failed) == ("2 failed attempt(s), 2 skipped (not runnable here, "
                                              "the reason in each record)")
     assert document._not_ok_text(failed.iloc[:0]) == "0 failed attempt(s)"
+
+
+def wide_table_lines(text: str, most: int = 160) -> list[str]:
+    """Table rows wider than `most` characters outside the collapsed (<details>) sections."""
+    wide, folded = [], False
+    for line in text.splitlines():
+        folded = folded or line.startswith("<details")
+        if line.startswith("</details"):
+            folded = False
+        elif not folded and line.startswith("|") and len(line) > most:
+            wide.append(line)
+    return wide
+
+
+def test_the_report_a_reader_meets_has_no_table_wider_than_160_characters(tmp_path: Path) -> None:
+    from multicard import claims
+
+    table2 = gpu_run(tmp_path / "t2", "table2_precision",
+                     {(p, g): [16.0, 16.1, 15.9, 16.05, 15.95] for p in ("fp64", "fp32", "fp16")
+                      for g in (1, 2)}, "train_time_s")
+    out = tmp_path / "out"
+    report.write_report([table2], out, claims.load(EXPERIMENTS / "claims.toml"),
+                        questions=claims.load(EXPERIMENTS / "energy_questions.toml"))
+    text = (out / "REPORT.md").read_text()
+    assert wide_table_lines(text) == []
+    assert max(len(line) for line in (out / "tables" / "table2_precision.md").read_text().splitlines()) > 160
+    assert "<summary>every statistic" in text  # ... the wide one is there, folded
+    assert wide_table_lines("| " + "x" * 200) != []  # the check can fail
