@@ -224,13 +224,16 @@ def draw_results(claim: claims.Claim, world: World, facts: list[claims.Claim], p
         metrics = sorted({p.metric for p, _ in mine if p.metric} | numa)
         rows, records = [], []
         for cid, config, _ in spec.configs(run):
-            failed = any(claims.matches(config, sel) for sel in fails)
+            # a claim may name a setting the profile fixes (C11's 500 px, 2 GPUs): matched as
+            # the judge matches it, on the fixed settings and the config together
+            settings = {**run.fixed, **config}
+            failed = any(claims.matches(settings, sel) for sel in fails)
             base_record = {"experiment": name, "config": config, "config_id": cid, "trace": "none"}
             if failed:
                 records += [{**base_record, "trial": t, "status": "oom", "metrics": {},
                              "error": {"type": "OutOfMemoryError"}} for t in range(trials)]
                 continue
-            values = {m: _draw(m, _log_mean(config, m, mine, grid), cv, trials, rng) for m in metrics}
+            values = {m: _draw(m, _log_mean(settings, m, mine, grid), cv, trials, rng) for m in metrics}
             for t in range(trials):
                 drawn = {m: float(values[m][t]) for m in metrics}
                 rows.append({**config, "config_id": cid, "trial": t, **drawn})

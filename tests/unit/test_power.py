@@ -152,3 +152,12 @@ def test_claims_power_calibrated_on_no_run_is_bad_input(tmp_path: pytest.TempPat
 
     assert cli.main(["claims", "power", "--claim", "C1", "--calibrate", str(tmp_path)]) == 2
     assert "multicard: error:" in capsys.readouterr().err
+
+
+def test_a_claim_on_settings_a_profile_fixes_is_drawn_as_the_judge_reads_it() -> None:
+    # eval_500 fixes image_size = 500 and gpus = 2, the very settings C11 names
+    claim = BY_ID["C11"]
+    [paper] = [w for w in power.worlds(claim) if w.role == "paper"]
+    found = power.characteristic(claim, paper, power.outcome_facts(CLAIMS, claim), "eval_500",
+                                 EXPERIMENTS, TRIALS, CV, 20, SEED)
+    assert found.shares.get("supported", 0.0) == 1.0
