@@ -344,7 +344,8 @@ def numa_section(spec: Spec, trials: pd.DataFrame,
                  tolerance: float = summarize.PENALTY_TOLERANCE) -> str:
     """The verdict on the paper's NUMA hypothesis (C10), with the ratios behind each answer."""
     lines = [f"### NUMA hypothesis ({spec.name})", "",
-             "Ratios are mean(time under the reference) / mean(time under the compared level), with "
+             "Ratios are of geometric means, gmean(time under the reference) / gmean(time under "
+             "the compared level), with "
              "a 95% CI (Welch's t on log times): above 1 means the compared level is faster (or "
              "pauses less), below 1 slower (docs/experiments.md, \"NUMA\"). Question 1 is a test "
              "of the penalty T_torch/T_dali: there without binding (CI above 1), within "
@@ -366,8 +367,9 @@ def _claims_section(runs: list[RunData], claim_list: list[claims.Claim] | None, 
     full = write_tables(out / "tables" / "claims", display, table.to_csv(index=False))
     return ("## Claims of the paper\n\n"
             f"{len(table)} claims: {counts}. Verdicts follow the 95% confidence intervals only "
-            "(docs/claims.md). A ratio is mean(metric of the reference arm) / "
-            "mean(metric of the arm the claim is about), e.g. C1: time(FP64) / time(FP32), so above "
+            "(docs/claims.md). A ratio is gmean(metric of the reference arm) / gmean(metric "
+            "of the arm the claim is about) (geometric means, as Welch's t on logs estimates), "
+            "e.g. C1: time(FP64) / time(FP32), so above "
             "1 means the claim's arm has the smaller value (is faster, uses less memory); "
             "`experiments/claims.toml` names both arms of each claim.\n\n"
             + render_markdown(_narrow_claims(table)) + "\n\n" + "\n".join(_claim_reasons(table))

@@ -108,7 +108,8 @@ def paper_values(values: dict[str, Any]) -> str:
             a, b = format_metric(key, lo), format_metric(key, hi)
             parts.append(f"{label(key)} {a if lo == hi else f'{a}–{b}'}")
             continue
-        parts.append(f"{key.removesuffix('_pct').replace('_', ' ')} {text}{unit}")
+        name = {"speedup_x": "speed-up"}.get(key, key.removesuffix("_pct").replace("_", " "))
+        parts.append(f"{name} {text}{unit}")
     return "; ".join(parts)
 
 
