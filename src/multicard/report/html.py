@@ -56,7 +56,7 @@ def _inline(image: Token, base: Path) -> None:
 
 
 def write(out: Path, title: str) -> Path:
-    """out/REPORT.html from out/REPORT.md."""
+    """<out>/REPORT.html from <out>/REPORT.md."""
     target = out / FILE_NAME
     artifact.write_text_atomic(target, render((out / "REPORT.md").read_text(encoding="utf-8"), out, title))
     return target
