@@ -125,7 +125,7 @@ def _draw_panel(ax: Any, spec: Spec, table: pd.DataFrame, trials: pd.DataFrame, 
         raw = trials[trials["config_id"].isin(group["config_id"])]
         ax.scatter(raw[x_key] + shift, raw[metric], s=10, alpha=0.4, color=f"C{colour}")
     ax.set_xticks(xs, [config_tick(x_key, x) for x in xs])
-    ax.set_ylabel(_axis_label(spec, metric) + " (mean, 95% CI; dots: trials)", fontsize=8)
+    ax.set_ylabel(textwrap.fill(_axis_label(spec, metric) + " (mean, 95% CI; dots: trials)", 48), fontsize=8)
     _log_if_wide(ax, table[f"{metric}.mean"])
     if any(name for name, *_ in lines):
         ax.legend(fontsize=7)
@@ -140,6 +140,9 @@ def _draw_speedups(ax: Any, spec: Spec, table: pd.DataFrame) -> None:
     mean = shown["speedup"]
     err = [(mean - shown["speedup.lo"]).fillna(0), (shown["speedup.hi"] - mean).fillna(0)]
     ax.errorbar(range(len(shown)), mean, yerr=err, fmt="o", capsize=3, color="C0", label="ours")
+    for i in [i for i, v in enumerate(mean) if pd.isna(v)]:  # skipped or failed: said, not blank
+        ax.annotate("no ok trial", (i, 1.0), rotation=90, ha="center", va="bottom", fontsize=7,
+                    color="grey")
     labelled = False
     for i, paper in enumerate(shown["paper"]):
         for low, high in _paper_speedups(paper):
