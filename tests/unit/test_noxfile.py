@@ -85,3 +85,11 @@ def test_the_two_test_tiers_take_every_test_once(slow: bool, e2e: bool) -> None:
     chosen = [eval(tier, {}, marks) for tier in (NOXFILE.FAST_TIER, NOXFILE.SLOW_TIER)]
     assert chosen.count(True) == 1
     assert chosen[0] == (not slow or e2e)  # the fast tier: unit tests and the end-to-end ones
+
+
+def test_reproduce_can_decide_every_part_of_every_claim() -> None:
+    from multicard import claims
+
+    specs = [spec.load(EXPERIMENTS / f"{e}.toml", p) for e, p in NOXFILE.PAPER_RUNS]
+    undecided = [c.id for c in claims.load(claims.default_file()) if not all(claims.decided_by(c, specs))]
+    assert undecided == []
