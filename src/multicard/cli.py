@@ -470,7 +470,9 @@ def cmd_claims_power(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.claim or ()) - {c.id for c in claim_list})
     if unknown:
         raise InputError(f"claims power: --claim: no claim {', '.join(unknown)} in {path}")
-    cvs, source = args.cv, ""
+    if args.calibrate and args.cv is not None:
+        raise InputError("claims power: --cv X or --calibrate RUN... (the noise drawn), not both")
+    cvs, source = args.cv or [DEFAULT_POWER_CV], ""
     if args.calibrate:
         cvs, source = _measured_cv(args.calibrate)
     found = power.claims_power(chosen, args.profile, path.parent, cvs, args.trials, args.runs,
@@ -583,6 +585,7 @@ def _print_verify(directory: Path, result: Any, sums_name: str) -> int:
     return 1
 
 
+DEFAULT_POWER_CV = 0.02  # `claims power` without --cv or --calibrate
 EXAMPLES = """examples:
   multicard list                                        experiments, profiles and claims
   multicard plan experiments/table2_precision.toml --profile kick --power
@@ -687,7 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--claims", type=Path, help="claims file (default: experiments/claims.toml)")
     c.add_argument("--claim", nargs="+", metavar="ID", help="only these claims (e.g. C1 C5)")
     c.add_argument("--profile", default="paper", help="the profile whose grids and trials are drawn")
-    c.add_argument("--cv", type=_fraction, nargs="+", default=[0.02], metavar="X",
+    c.add_argument("--cv", type=_fraction, nargs="+", default=None, metavar="X",
                    help="run-to-run CV of times (default 0.02; accuracy: 0.1 points per 1 %%)")
     c.add_argument("--calibrate", type=Path, nargs="+", metavar="RUN",
                    help="draw at the CV these finished runs measured (instead of --cv)")

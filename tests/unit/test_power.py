@@ -154,6 +154,14 @@ def test_claims_power_calibrated_on_no_run_is_bad_input(tmp_path: pytest.TempPat
     assert "multicard: error:" in capsys.readouterr().err
 
 
+def test_claims_power_takes_a_cv_or_a_calibration_not_both(tmp_path: pytest.TempPathFactory,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from multicard import cli
+
+    assert cli.main(["claims", "power", "--claim", "C1", "--cv", "0.05", "--calibrate", str(tmp_path)]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
 def test_a_claim_on_settings_a_profile_fixes_is_drawn_as_the_judge_reads_it() -> None:
     # eval_500 fixes image_size = 500 and gpus = 2, the very settings C11 names
     claim = BY_ID["C11"]
