@@ -71,7 +71,7 @@ TRACED_MIN_OK = 3  # traced trials per config before a trace metric decides anyt
 CENSORED = "censored"
 UNDECIDED = ("too few", CENSORED)
 # kinds whose verdict reads a tolerance: [tolerance.<kind>] of the claims file, or the claim's own
-TOLERANT_KINDS = ("range", "direction", "negligible", "not_worse", "numa", "shrinks")
+TOLERANT_KINDS = ("range", "direction", "negligible", "not_worse", "numa", "shrinks", "dominates")
 # how a ratio mean(against) / mean(compare) is read as the number the paper states
 READINGS = {"ratio": "ratio", "gain_pct": "gain (ratio - 1)",
             "time_reduction_pct": "time reduction (1 - 1/ratio)"}
@@ -775,7 +775,7 @@ def _dominates(claim: Claim, runs: list[Results]) -> Verdict:
             ratio = stats.ratio_of_means(group[list(claim.numerator)].sum(axis=1).tolist(),
                                          group[list(claim.denominator)].sum(axis=1).tolist(),
                                          cross_check=False)
-            decision = _decide(replace(claim, kind="direction", side="above", tolerance=0.0), ratio) \
+            decision = _decide(replace(claim, kind="direction", side="above"), ratio) \
                 if len(group) >= TRACED_MIN_OK else "too few"
             groups.append(replace(_evidence(claim, str(cid), ratio), decision=decision))
     if not groups:

@@ -86,7 +86,7 @@ def test_a_harness_failure_makes_its_claim_invalid_and_the_report_shows_n_and_me
     text = (out / "REPORT.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| T1 "))
     assert "**invalid**" in row and "3 attempts" in row
-    assert "Welch's t on log values" in text and "at least 5 ok trials per arm" in text  # paper
+    assert "Welch's t on log values" in text and "a verdict needs 5 ok trials per arm" in text  # paper
     table = (out / "tables" / "tiny.md").read_text().splitlines()
     header = [cell.strip() for cell in table[0].strip("|").split("|")]
     assert "n" in header and header[-1] == "warnings"

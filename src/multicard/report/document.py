@@ -563,6 +563,9 @@ def criterion_text(claim: claims.Claim) -> str:
         return f"penalty T_torch/T_dali above 1 unbound, within {tol:.0%} of 1 under local"
     if claim.kind == "outcome":
         return "the configs fail for a resource" if claim.outcome == "fails" else "the configs run"
+    if claim.kind == "dominates":
+        return (f"{' + '.join(claim.numerator)} / {' + '.join(claim.denominator)} above 1; "
+                "contradicted wholly below")
     return "–"
 
 
