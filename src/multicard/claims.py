@@ -58,7 +58,7 @@ from multicard import stats, summarize
 from multicard.errors import InputError
 from multicard.params import WORKLOAD_METRICS, WORKLOAD_PARAMS
 from multicard.profiling.parse import NOT_NUMBERS, empty_summary
-from multicard.spec import Spec
+from multicard.spec import Spec, level_rank
 
 KINDS = ("range", "direction", "negligible", "not_worse", "outcome", "numa", "dominates", "shrinks",
          "all")
@@ -418,8 +418,7 @@ def _in_grid_order(groups: Any, keys: list[str], spec: Spec) -> list[tuple[Any, 
     order the interleaved trials happened to run."""
     def rank(item: tuple[Any, pd.DataFrame]) -> list[int]:
         values = item[0] if isinstance(item[0], tuple) else (item[0],)
-        levels = [spec.grid.get(k, []) for k in keys]
-        return [lv.index(v) if v in lv else len(lv) for lv, v in zip(levels, values, strict=True)]
+        return [level_rank(spec, k, v) for k, v in zip(keys, values, strict=True)]
 
     return sorted(groups, key=rank)
 

@@ -585,6 +585,13 @@ def plan(spec: Spec, trials: int | None = None, trace: str | None = None) -> lis
     return planned
 
 
+def level_rank(spec: Spec, key: str, value: Any) -> int:
+    """Where `value` stands among the spec's own levels of `key` (fp64 before fp32, 1 GPU before
+    2): tables, figures and verdicts list groups in this order; a level the grid lacks goes last."""
+    levels = spec.grid.get(key, [])
+    return levels.index(value) if value in levels else len(levels)
+
+
 def baseline_config(spec: Spec, config: Mapping[str, Value]) -> dict[str, Value] | None:
     """The config that `config` is compared against, or None when the spec has no baseline."""
     if not spec.baseline:

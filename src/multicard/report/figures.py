@@ -20,7 +20,7 @@ import pandas as pd
 
 from multicard import claims
 from multicard.report.formatting import config_tick, label, run_nature
-from multicard.spec import Spec
+from multicard.spec import Spec, level_rank
 
 SPAN_FOR_LOG = 10.0
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
@@ -52,8 +52,8 @@ def plot_primary(spec: Spec, table: pd.DataFrame, trials: pd.DataFrame, target: 
         return False
     plt = pyplot()
     facet = spec.figure.get("facet")
-    panels = sorted(table.groupby(facet, sort=False), key=lambda kv: spec.grid.get(facet, []).index(kv[0])
-                    if kv[0] in spec.grid.get(facet, []) else 0) if facet else [(None, table)]
+    panels = sorted(table.groupby(facet, sort=False), key=lambda kv: level_rank(spec, facet, kv[0])) \
+        if facet else [(None, table)]
     speedups = bool(spec.baseline) and "speedup" in table and table["speedup"].notna().any()
     rows = 2 if speedups else 1
     width = max(5.6 * len(panels), 6.4)
@@ -80,9 +80,8 @@ def _series(spec: Spec, table: pd.DataFrame) -> list[tuple[str, pd.DataFrame, in
     keys = [k for k in (series, *rest) if k]
     if not keys:
         return [("", table, 0, 0)]
-    def order(key: str, value: Any) -> int:  # the spec's own order: fp64 before fp32, 1 before 2
-        levels = spec.grid.get(key, [])
-        return levels.index(value) if value in levels else len(levels)
+    def order(key: str, value: Any) -> int:
+        return level_rank(spec, key, value)
 
     colours = {v: i for i, v in enumerate(sorted(table[series].unique(), key=lambda v: order(series, v)))} \
         if series else {}
@@ -135,7 +134,7 @@ def _draw_speedups(ax: Any, spec: Spec, table: pd.DataFrame) -> None:
     """Speed-up over the baseline per config (95 % CI), the paper's value or span beside it as
     a hollow mark or a bar."""
     shown = table[~table["baseline"].astype(bool)].reset_index(drop=True)
-    ticks = [", ".join(config_tick(k, r[k]) for k in spec.grid) for _, r in shown.iterrows()]
+    ticks = _ticks(spec, shown)
     ax.axhline(1.0, color="grey", linewidth=0.8)
     mean = shown["speedup"]
     err = [(mean - shown["speedup.lo"]).fillna(0), (shown["speedup.hi"] - mean).fillna(0)]
@@ -183,7 +182,8 @@ def _title(fig: Any, text: str, width_in: float) -> None:
 
 
 def _ticks(spec: Spec, table: pd.DataFrame) -> list[str]:
-    return [", ".join(config_tick(k, r[k]) for k in spec.grid) for _, r in table.iterrows()]
+    """One tick per row: `loader=torch, 1 GPU` (the factors the table has)."""
+    return [", ".join(config_tick(k, r[k]) for k in spec.grid if k in table) for _, r in table.iterrows()]
 
 
 def plot_breakdown(spec: Spec, table: pd.DataFrame, target: Path) -> bool:
@@ -247,7 +247,7 @@ def plot_ladder(spec: Spec, table: pd.DataFrame, ladder: pd.DataFrame, target: P
     if "bound" not in table or ladder.empty:
         return False
     plt = pyplot()
-    ticks = [", ".join(config_tick(k, r[k]) for k in spec.grid if k in ladder) for _, r in ladder.iterrows()]
+    ticks = _ticks(spec, ladder)
     rungs = {"whole trial (start-up, evaluation included)": ladder["p_whole"],
              "training loop, real loader": ladder["p_train"],
              "training loop, synthetic loader (the ceiling)": ladder["ceiling"]}
