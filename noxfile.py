@@ -233,7 +233,7 @@ CALIBRATION = RUNS / "calibration.json"
 BUDGET_PLAN = "budget.json"  # in a collection run with --budget D: what each run kept and gave up
 # One GPU, est. 33 minutes: C1-C3 (precision), C5 (pin_memory), the loaders vs the bound.
 KICK_RUNS = (("table2_precision", "kick"), ("table3_pin_memory", "kick"), ("figure6_loaders", "kick"))
-# Four GPUs, est. 5 h 47 min: the multi-card claims C5-C19 (LLM with random weights), 5 trials per
+# Four GPUs, est. 5 h 26 min: the multi-card claims C5-C19 (LLM with random weights), 5 trials per
 # config (3 traced for C18); C1-C4 are kick-the-tires' and reproduce's.
 EVAL_RUNS = (
     ("table2_precision", "eval"), ("table3_pin_memory", "eval"), ("figure6_loaders", "eval"),
@@ -333,7 +333,7 @@ def kick_the_tires(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def evaluate(session: nox.Session) -> None:
-    """Est. 5 h 47 min on 4 GPUs: the multi-card claims C5-C19 (LLM with random weights), plan and
+    """Est. 5 h 26 min on 4 GPUs: the multi-card claims C5-C19 (LLM with random weights), plan and
     each claim's power first (`-- --dry-run` stops there), into artifact/runs/evaluate-<UTC>/."""
     _run_collection(session, EVAL_RUNS, "evaluate", power=True)
 

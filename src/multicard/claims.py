@@ -11,9 +11,12 @@ against the tolerant band (an equivalence test), and only from groups where each
 the spec's `[trials].min_ok` ok trials (5 in the paper profile, 3 otherwise; 3 traced trials for
 trace metrics). Labels (docs/claims.md):
 
-- `supported` / `contradicted`: the interval lies where the paper says / wholly where it does not.
+- `supported` / `contradicted`: the interval lies where the paper says / wholly where it does not;
+  over several groups (or parts): every one supported / one contradicted, read at the level the
+  groups share (each interval at 1 - 0.05/k, Bonferroni: _at_shared_level), since among many
+  groups one interval wholly outside is otherwise chance.
 - `consistent (imprecise)`: the estimate agrees but the interval reaches beyond (a range or band).
-- `mixed`: groups (say 1 and 4 GPUs) decide both ways; the why names which.
+- `mixed`: groups (say 1 and 4 GPUs) decide both ways, at the shared level; the why names which.
 - `inconclusive`: intervals too wide, or too few ok trials (the why says n).
 - `invalid`: an attempt failed for a reason that is no resource limit (a harness error).
 - `not run`: the report holds no trials the claim can read.
@@ -31,8 +34,11 @@ ratio, the effect):
   GPUs, by one Welch interval, read as `direction` reads a ratio);
 - `outcome` (C11, C17: configs the paper says fail, or run; "fails" needs a resource cause: out of
   memory, shared memory, a killed worker or rank, an NCCL error), `numa` (C10: summarize's NUMA
-  test with the tolerance), `dominates` (C18: summed trace metrics), `all` (parts: contradicted if
-  any part is, supported if all are).
+  test with the tolerance: the penalty pooled over 3-4 GPUs without binding, each group's under
+  `local`), `dominates` (C18: summed trace metrics), `all` (parts: contradicted if any part is,
+  supported if all are).
+Where the paper gives a value for one group (Table 5, C3's two accuracies), the claim carries it
+(`values`, from the experiment's [[reference]] entries) and its evidence shows it beside ours.
 A metric named `trace.<key>` reads the traced trials' summaries. Failed and timed-out attempts of
 a group are named in its why ("precision=fp64: 2 of 5 attempts timed out"), and a timed-out
 attempt censors its group (its time only exceeds the timeout: the ok trials' mean is biased
@@ -102,6 +108,19 @@ class Claim:
     denominator: tuple[str, ...] = ()
     device: str = "cuda"
     parts: tuple[Claim, ...] = ()
+    # the paper's value per group where it gives one: from the experiment's [[reference]] entries
+    # (paper_values), in the claim's quantity (a loss in the metric's units for not_worse)
+    values: tuple[PaperValue, ...] = ()
+
+
+@dataclass(frozen=True)
+class PaperValue:
+    """The paper's number for one group of a claim (Table 5's 3.50 % at gpus=4)."""
+
+    group: dict[str, Any]  # the settings of the group (factors the claim does not compare)
+    value: float
+    source: str
+    inferred: bool = False  # the cell, or its config, is inferred (the reference says so)
 
 
 @dataclass(frozen=True)
@@ -118,6 +137,8 @@ class Evidence:
     statuses: tuple[str, ...] = ()  # outcome claims
     n: tuple[int, int] = (0, 0)  # ok trials of `against` and of `compare`
     decision: str = ""  # this group's verdict
+    paper: float = math.nan  # the paper's value for this group, in the same unit (PaperValue)
+    paper_inferred: bool = False  # ... inferred, not given (Table 5's mapping, Table 3's ends)
 
 
 @dataclass(frozen=True)
@@ -126,6 +147,7 @@ class Verdict:
     verdict: str
     why: str
     evidence: tuple[Evidence, ...] = ()
+    groups: int = 0  # comparisons that reached a decision of their own (not too few, censored)
 
 
 @dataclass(frozen=True)
@@ -174,7 +196,8 @@ def load(path: Path) -> list[Claim]:
         raise InputError(f"{path}: not a claims file: expected [[claim]] and [tolerance.<kind>] "
                          f"tables (experiments/claims.toml), got {', '.join(sorted(doc)) or 'nothing'}")
     rules = _tolerances(path, doc.get("tolerance", {}))
-    claims = [_with_tolerance(path, _claim(path, entry), rules) for entry in doc["claim"]]
+    claims = [_with_values(_with_tolerance(path, _claim(path, entry), rules), path.parent)
+              for entry in doc["claim"]]
     ids = [c.id for c in claims]
     if len(set(ids)) != len(ids):
         raise InputError(f"{path}: [[claim]].id: expected unique ids, got {ids}")
@@ -237,6 +260,80 @@ def _with_tolerance(path: Path, claim: Claim, rules: dict[str, tuple[float, str]
                          "table (value, reason) or the claim's own tolerance and tolerance_reason")
     value, reason = rules[claim.kind]
     return replace(claim, tolerance=value, tolerance_reason=reason, parts=parts)
+
+
+def _with_values(claim: Claim, folder: Path) -> Claim:
+    """The claim (and its parts) with the paper's per-group values, from the [[reference]]
+    entries of its experiment's spec where `folder` holds it (a claims file of one's own
+    elsewhere: none)."""
+    if claim.parts:
+        return replace(claim, parts=tuple(_with_values(p, folder) for p in claim.parts))
+    spec_file = folder / f"{claim.experiment}.toml"
+    if not claim.experiment or not spec_file.is_file():
+        return claim
+    return replace(claim, values=paper_values(claim, specmod.load(spec_file).references))
+
+
+def paper_values(claim: Claim, references: Iterable[specmod.Reference]) -> tuple[PaperValue, ...]:
+    """The paper's single values (not spans) for the groups of `claim`: a reference that selects
+    the claim's `compare` arm and states the claim's quantity (`speedup_x` for a ratio) gives
+    the value of the group its other settings name; for `not_worse`, the loss of the metric
+    between references of both arms in one group (C3: 99.20 % - 97.94 %)."""
+    references = list(references)
+    if claim.kind == "not_worse":
+        return _paper_losses(claim, references)
+    if claim.kind not in ("range", "direction", "negligible", "shrinks"):
+        return ()
+    key = "speedup_x" if claim.quantity == "ratio" else claim.quantity
+    found = []
+    for ref in references:
+        value, group = ref.values.get(key), _group_named(claim, ref.match, claim.compare)
+        if isinstance(value, int | float) and group is not None:
+            found.append(PaperValue(group, float(value), ref.source, ref.inferred))
+    return tuple(found)
+
+
+def _paper_losses(claim: Claim, references: list[specmod.Reference]) -> tuple[PaperValue, ...]:
+    found = []
+    for ref in references:
+        group, value = _group_named(claim, ref.match, claim.compare), ref.values.get(claim.metric)
+        if group is None or not isinstance(value, int | float):
+            continue
+        base = next((r for r in references if r.match == {**claim.against, **group}
+                     and isinstance(r.values.get(claim.metric), int | float)), None)
+        if base is not None:
+            loss = float(base.values[claim.metric]) - float(value)  # type: ignore[arg-type]
+            found.append(PaperValue(group, loss, f"{base.source}; {ref.source}",
+                                    base.inferred or ref.inferred))
+    return tuple(found)
+
+
+def _group_named(claim: Claim, match: Mapping[str, Any], arm: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The group a reference's `match` names when it selects `arm` (its other settings, inside
+    the claim's `where`); None when it selects another arm or lies outside `where`."""
+    if not arm or set(arm) - set(match) or not matches(match, arm):
+        return None
+    group = {k: v for k, v in match.items() if k not in arm}
+    if set(group) & set(claim.against) or not matches(group, {k: w for k, w in claim.where.items()
+                                                              if k in group}):
+        return None
+    return group
+
+
+def paper_value_at(claim: Claim, settings: Mapping[str, Any]) -> PaperValue | None:
+    """The paper's value for the group with these settings (a profile's fixed ones included:
+    table5's eval fixes gpus = 4); None where it gives none."""
+    return next((v for v in claim.values if all(settings.get(k) == want for k, want in v.group.items())),
+                None)
+
+
+def _paper_evidence(claim: Claim, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Evidence fields for the paper's value of a group, in the evidence's unit (points for a loss)."""
+    found = paper_value_at(claim, settings)
+    if found is None:
+        return {}
+    scale = 100 if claim.kind == "not_worse" else 1
+    return {"paper": found.value * scale, "paper_inferred": found.inferred}
 
 
 def _check_names(where: str, claim: Claim) -> None:
@@ -306,19 +403,51 @@ def holm(verdicts: list[Verdict], results: Mapping[str, list[Results]],
 
 def judge(claim: Claim, results: Mapping[str, list[Results]]) -> Verdict:
     if claim.kind == "all":
-        return _combine_parts(claim, [judge(part, results) for part in claim.parts])
+        parts = [judge(part, results) for part in claim.parts]
+        return _at_shared_level(_combine_parts(claim, parts), _judged_parts(parts),
+                                lambda: _combine_parts(claim, [judge(p, results) for p in claim.parts]),
+                                "parts")
     present = results.get(claim.experiment, [])
     if not present:
         return Verdict(claim, "not run", f"no run of {claim.experiment} in this report")
     runs = [r for r in present if device_ok(claim, r.spec)]
     if runs:
-        return JUDGES[claim.kind](claim, runs)
+        raw = JUDGES[claim.kind](claim, runs)
+        return _at_shared_level(raw, raw.groups, lambda: JUDGES[claim.kind](claim, runs))
     # e.g. the CPU smoke run: its numbers are shown so the path is visible, but judge nothing
     devices = sorted({str(r.spec.fixed.get("device", "?")) for r in present})
     shown = JUDGES[claim.kind](claim, present)
     return Verdict(claim, "not run", f"only {'/'.join(devices)} trials of {claim.experiment}; the "
                    f"claim is about {claim.device}" + ("; their numbers are shown, not judged"
                                                        if shown.evidence else ""), shown.evidence)
+
+
+def _at_shared_level(raw: Verdict, groups: int, again: Callable[[], Verdict],
+                     what: str = "comparisons") -> Verdict:
+    """A claim holds in every group (or part) it reads: `supported` needs each group's interval
+    where the paper says (an intersection-union test: no adjustment), but one group's interval
+    wholly outside is enough for `contradicted`, and one each way for `mixed`, so those read
+    intervals the groups share: each at 1 - (1 - level) / groups (Bonferroni). `again` judges
+    the claim once more, at that level, when the raw verdict is one of them."""
+    if raw.verdict not in ("contradicted", "mixed") or groups <= 1:
+        return raw
+    level = stats.shared_level(groups)
+    with stats.confidence_level(level):
+        shared = again()
+    each, together = summarize.level_percent(level), summarize.level_percent(stats.level())
+    note = (f"read at the level its {groups} {what} share (each interval at {each} %, so that "
+            f"together they hold at {together} %: among many, one interval wholly outside is "
+            "otherwise chance)")
+    # the evidence shows the groups' own 95 % intervals, with the decisions read at the shared level
+    evidence = raw.evidence if len(raw.evidence) != len(shared.evidence) else tuple(
+        replace(e, decision=s.decision) for e, s in zip(raw.evidence, shared.evidence, strict=True))
+    return replace(shared, why=f"{shared.why}; {note}", evidence=evidence, groups=raw.groups)
+
+
+def _judged_parts(parts: list[Verdict]) -> int:
+    """The parts whose verdict rests on intervals (an outcome's does not) and judged something."""
+    return sum(v.verdict not in ("not run", "invalid") and v.claim.kind != "outcome" for v in parts)
+
 
 
 def device_ok(claim: Claim, spec: Spec) -> bool:
@@ -331,7 +460,20 @@ def can_decide(claim: Claim, spec: Spec) -> bool:
     decided: its experiment on the claim's device, a config of each arm, a second level of
     `along` (C6), and the verdict minimum of trials: ok timing trials for a timing metric (the
     pilot's left out), 3 traced trials for a trace metric, one attempt for an outcome."""
-    if claim.experiment != spec.name or not device_ok(claim, spec):
+    if not device_ok(claim, spec) or not holds_arms(claim, spec):
+        return False
+    if claim.kind == "outcome":
+        return True
+    if claim.kind == "dominates" or claim.metric.startswith("trace."):
+        return spec.trace != "none" and spec.trace_count >= TRACED_MIN_OK
+    return timing_trials(spec) >= spec.min_ok
+
+
+def holds_arms(claim: Claim, spec: Spec) -> bool:
+    """Whether `spec`'s configs hold what `claim` (a claim without parts) compares, whatever the
+    device and trials: its experiment, a config of each arm, a second level of `along` (C6), both
+    loaders under none and local at 3-4 GPUs (the NUMA test)."""
+    if claim.experiment != spec.name:
         return False
     settings = [values for _, _, values in specmod.configs(spec)]
     arms = [arm for arm in (claim.compare, claim.against) if arm]
@@ -339,11 +481,7 @@ def can_decide(claim: Claim, spec: Spec) -> bool:
         return False
     if claim.kind == "shrinks" and len({s.get(claim.along) for s in settings}) < 2:
         return False
-    if claim.kind == "outcome":
-        return True
-    if claim.kind == "dominates" or claim.metric.startswith("trace."):
-        return spec.trace != "none" and spec.trace_count >= TRACED_MIN_OK
-    return timing_trials(spec) >= spec.min_ok
+    return claim.kind != "numa" or summarize.answers_penalty(spec)
 
 
 def timing_trials(spec: Spec) -> int:
@@ -396,10 +534,11 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
             label = ", ".join(f"{k}={v}" for k, v in zip(others, keys, strict=True)) or "all"
             where = dict(zip(others, keys, strict=True))
             lost = _attempt_notes(claim, run, where, traced)
+            paper = _paper_evidence(claim, {**run.spec.fixed, **where})
             if a and b and _timed_out(claim, run, where, traced):
-                groups.append(replace(_group(claim, label, a, b, minimum), decision=CENSORED))
+                groups.append(replace(_group(claim, label, a, b, minimum), decision=CENSORED, **paper))
             elif a and b:
-                groups.append(_group(claim, label, a, b, minimum))
+                groups.append(replace(_group(claim, label, a, b, minimum), **paper))
             elif outcome := _resource_outcome(claim, run, where, traced, (a, b)):
                 left_out.append(f"{label} left out: {outcome}")
                 continue
@@ -454,7 +593,8 @@ def _resource_outcome(claim: Claim, run: Results, group: Mapping[str, Any], trac
         attempts = _arm_attempts(claim, run, group, arm, traced)
         if not found and attempts and all(_failure_kind(r) == "resource" for r in attempts):
             label = ", ".join(f"{k}={v}" for k, v in {**arm, **group}.items())
-            return (f"{label} failed every attempt for a resource ({_ending(attempts)}): an "
+            ending = summarize.attempts_ending(attempts)
+            return (f"{label} failed every attempt for a resource ({ending}): an "
                     "outcome, not missing data")
     return ""
 
@@ -474,13 +614,10 @@ def _attempt_notes(claim: Claim, run: Results, group: Mapping[str, Any], traced:
         bad = [s for s in statuses if s != "ok"]
         if bad:
             arm_label = ", ".join(f"{k}={v}" for k, v in {**arm, **group}.items())
-            causes = ", ".join(f"{n} {_STATUS_WORDS.get(s, s)}" for s, n in sorted(
+            causes = ", ".join(f"{n} {summarize.STATUS_WORDS.get(s, s)}" for s, n in sorted(
                 {s: bad.count(s) for s in bad}.items()))
             notes.append(f"{arm_label}: {len(bad)} of {len(statuses)} attempts not ok ({causes})")
     return notes
-
-
-_STATUS_WORDS = {"timeout": "timed out", "oom": "out of memory", "failed": "failed"}
 
 
 def matches(settings: Mapping[str, Any], selector: Mapping[str, Any]) -> bool:
@@ -489,11 +626,14 @@ def matches(settings: Mapping[str, Any], selector: Mapping[str, Any]) -> bool:
 
 def reads(claim: Claim, experiment: str, config: Mapping[str, Any]) -> bool:
     """Whether `claim` (or one of its parts) reads this config of `experiment`: one of its arms
-    matches it, or it reads every config (a claim without arms, e.g. the NUMA verdict)."""
+    matches it, or it is a config of the NUMA test's first question (summarize.reads_numa), or
+    the claim has no arms and reads every config."""
     if claim.parts:
         return any(reads(part, experiment, config) for part in claim.parts)
     if claim.experiment != experiment:
         return False
+    if claim.kind == "numa":
+        return summarize.reads_numa(config)
     arms = [a for a in (claim.compare, claim.against) if a]
     return not arms or any(matches(config, {**arm, **claim.where}) for arm in arms)
 
@@ -505,7 +645,7 @@ def _verdict(claim: Claim, groups: list[Evidence], notes: list[str]) -> Verdict:
     why = _why(groups, verdict)
     if notes:
         why += "; " + "; ".join(notes)
-    return Verdict(claim, verdict, why, tuple(groups))
+    return Verdict(claim, verdict, why, tuple(groups), sum(g.decision not in UNDECIDED for g in groups))
 
 
 def _best_per_label(groups: list[Evidence]) -> list[Evidence]:
@@ -566,6 +706,22 @@ def from_log_ratio(quantity: str, effect: float) -> float:
     return _quantity(Claim("", "", "", "range", quantity=quantity), math.exp(effect))
 
 
+def inside_band(claim: Claim, effect: float) -> bool:
+    """Whether a true effect (the log of the ratio; for not_worse, the loss in the metric's units)
+    is one the claim says, inside its tolerant band: what the paper's own values are checked by."""
+    tol = tolerance_of(claim)
+    if claim.kind == "range":
+        low, high = span_band(claim)
+        return low <= effect <= high
+    if claim.kind == "negligible":
+        return 1 - tol <= math.exp(effect) <= 1 + tol
+    if claim.kind == "not_worse":
+        return effect <= tol
+    if claim.kind == "direction":
+        return effect > 0 if claim.side == "above" else effect < 0
+    return True
+
+
 def span_band(claim: Claim) -> tuple[float, float]:
     """The paper's span as log ratios, widened by the tolerance as a share of the effect: the end
     nearer no effect moves towards it by that share, the farther end away from it (a span that
@@ -614,7 +770,9 @@ def _decide_margin(claim: Claim, diff: stats.Difference) -> str:
 
 
 def _across(decisions: list[str]) -> str:
-    """One verdict from the groups': every group must agree for supported or contradicted."""
+    """One verdict from the groups': supported only when every group is; contradicted when a
+    group is and none supports it, mixed when groups decide both ways (judge then reads those
+    at the level the groups share: _at_shared_level)."""
     found = set(decisions)
     if not found:
         return "not run"
@@ -622,10 +780,8 @@ def _across(decisions: list[str]) -> str:
         return "invalid"
     if found == {"supported"}:
         return "supported"
-    if found == {"contradicted"}:
-        return "contradicted"
-    if "contradicted" in found and found & {"supported", CONSISTENT}:
-        return "mixed"
+    if "contradicted" in found:
+        return "mixed" if "supported" in found else "contradicted"
     if found <= {"supported", CONSISTENT}:
         return CONSISTENT
     return "inconclusive"
@@ -638,7 +794,7 @@ def _why(groups: list[Evidence], verdict: str) -> str:
         by.setdefault(g.decision, []).append(g.label)
     parts = []
     for decision, labels in by.items():
-        named = verdict in ("mixed", "inconclusive", CONSISTENT) or decision in UNDECIDED
+        named = len(by) > 1 or verdict in ("mixed", "inconclusive", CONSISTENT) or decision in UNDECIDED
         if decision == CENSORED:
             parts.append(f"{len(labels)} censored by a timed-out attempt, undecided "
                          f"({', '.join(labels)})")
@@ -673,19 +829,9 @@ def _outcome(claim: Claim, runs: list[Results]) -> Verdict:
     if not by_config:
         return Verdict(claim, "not run", "no attempted trial of the configs the claim names")
     groups = [_outcome_group(claim, config, records) for config, records in by_config.items()]
-    notes = [f"{config}: {_ending(records)}" for config, records in by_config.items()]
-    return _verdict(claim, groups, notes)
-
-
-def _ending(records: list[dict[str, Any]]) -> str:
-    """"4 of 5 attempts out of memory, 1 ok" / "1 of 1 failed (ModuleNotFoundError)"."""
-    kinds: dict[str, int] = {}
-    for r in records:
-        error = (r.get("error") or {}).get("type")
-        word = "ok" if r["status"] == "ok" else _STATUS_WORDS.get(r["status"], r["status"])
-        key = f"{word} ({error})" if r["status"] == "failed" and error else word
-        kinds[key] = kinds.get(key, 0) + 1
-    return f"of {len(records)} attempts " + ", ".join(f"{n} {k}" for k, n in kinds.items())
+    notes = [f"{config}: {summarize.attempts_ending(records)}" for config, records in by_config.items()]
+    # no interval to widen: how attempts ended is read as it is, whatever the level
+    return replace(_verdict(claim, groups, notes), groups=0)
 
 
 def _outcome_group(claim: Claim, config: str, records: list[dict[str, Any]]) -> Evidence:
@@ -752,7 +898,8 @@ def _shrinks(claim: Claim, runs: list[Results]) -> Verdict:
         return Verdict(claim, "not run", f"no run of {claim.experiment} varies {claim.along}")
     verdict = _across(["inconclusive" if d in UNDECIDED else d for d in decisions])
     changes = [g for g in groups if g.reading == "log ratio"]
-    return Verdict(claim, verdict, _why(changes, verdict), tuple(groups))
+    return Verdict(claim, verdict, _why(changes, verdict), tuple(groups),
+                   sum(d not in UNDECIDED for d in decisions))
 
 
 def _arms_at(claim: Claim, run: Results, where: dict[str, Any]) -> tuple[list[float], list[float]]:
@@ -783,39 +930,22 @@ def _dominates(claim: Claim, runs: list[Results]) -> Verdict:
 
 
 def _numa(claim: Claim, runs: list[Results]) -> Verdict:
-    answers = []
-    for run in runs:
-        thin = _thin_numa_arms(run)
-        if thin:
-            answers.append(("inconclusive", f"too few ok trials ({thin})"))
-            continue
-        finding = summarize.numa_findings(run.spec, run.trials, tolerance_of(claim))[0]
-        answers.append((finding.answer, finding.why))
-    if all(a == "not run" for a, _ in answers):
+    """summarize's NUMA test (its first question: does `local` remove the DataLoader's 3-4 GPU
+    penalty?) on each run that can answer it (both loaders under none and local: not the
+    controls), which reads its groups at the level they share and names the configs that cannot
+    decide (too few ok trials, none, a timed-out attempt). Several runs that answer share the
+    level the same way (`groups`)."""
+    answering = [r for r in runs if summarize.answers_penalty(r.spec)]
+    answers = [summarize.numa_findings(r.spec, r.trials, tolerance_of(claim), r.records)[0]
+               for r in answering]
+    said = [(f.answer, f.why) for f in answers if f.answer != "not run"]
+    if not said:
         return Verdict(claim, "not run", "no 3-4 GPU trials of both loaders under both none and local")
     mapping = {"yes": "supported", "no": "contradicted", "mixed": "mixed"}
-    decisions = [mapping.get(a, "inconclusive") for a, _ in answers if a != "not run"]
+    decisions = [mapping.get(a, "inconclusive") for a, _ in said]
     return Verdict(claim, _across(decisions),
-                   "NUMA test answer(s): " + "; ".join(f"{a} ({why})" for a, why in answers))
-
-
-def _thin_numa_arms(run: Results) -> str:
-    """The 3-4 GPU configs of the NUMA test's first question (each loader under none and local, in
-    every layout or other factor) that have ok trials but fewer than min_ok."""
-    frame = run.trials
-    if frame.empty or not {"loader", "numa_policy", "gpus"} <= set(frame):
-        return ""
-    needed = [("torch", "none"), ("dali", "none"), ("torch", "local"), ("dali", "local")]
-    thin = []
-    for gpus in summarize.PENALTY_GPUS:
-        for loader, policy in needed:
-            arm = frame[(frame["loader"] == loader) & (frame["numa_policy"] == policy)
-                        & (frame["gpus"] == gpus)]
-            for _, config in arm.groupby("config_id", sort=False):
-                if len(config) < run.spec.min_ok:
-                    thin.append(f"{loader}/{policy} at {gpus} GPUs: n = {len(config)} < {run.spec.min_ok}")
-                    break
-    return "; ".join(thin)
+                   "NUMA test answer(s): " + "; ".join(f"{a} ({why})" for a, why in said),
+                   groups=len(said))
 
 
 JUDGES: dict[str, Callable[[Claim, list[Results]], Verdict]] = {

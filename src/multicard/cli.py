@@ -14,6 +14,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -221,10 +222,11 @@ def _print_power(specs: list[Spec], paths: list[Path], cv: float) -> None:
             continue
         s = deciding[0]
         found = power.claim_power(claim_list, claim, s.profile, folder, cv,
-                                  claims.timing_trials(s), 100, 0, needed=True)
-        paper = next((r for r in found.rows if r.role == "paper"), None)
+                                  claims.timing_trials(s), 100, 0, needed=True,
+                                  verdict_minimum=s.min_ok)  # a budget plan's, where it lowered it
+        weakest = power.weakest_paper(found)
         rows.append([claim.id, f"{s.name}@{s.profile}", found.trials,
-                     found.skipped or (f"{paper.shares.get('supported', 0.0):.2f}" if paper else "–"),
+                     found.skipped or (f"{weakest:.2f}" if weakest is not None else "–"),
                      found.needed if found.needed is not None else ("> 30" if found.searched else "–")])
     print(f"\npower at CV {cv:.1%} (100 seeded draws per world through the judge; "
           "`multicard claims power` gives every world):")
@@ -241,28 +243,33 @@ def _claims_folder(paths: list[Path]) -> Path:
 
 def _budget_power(claim_list: list[Any], folder: Path, cv: float) -> Callable[[Any, int], float | None]:
     """budget.Power: the least P(supported) where the paper is right among an experiment's
-    claims at n trials (50 seeded draws each, remembered)."""
+    claims at n trials (50 seeded draws each, remembered); below the verdict minimum the budget
+    lowers it with the trials (budget.verdict_minimum), and so does the simulation."""
     import functools
 
-    from multicard import power
+    from multicard import budget, power
 
     by_id = {c.id: c for c in claim_list}
 
     @functools.cache
-    def least(name: str, experiment_claims: tuple[str, ...], n: int) -> float | None:
-        profile = name.partition("@")[2] or "paper"
-        found = [power.paper_support(claim_list, by_id[c], profile, folder, cv, n)
-                 for c in experiment_claims if c in by_id]
-        known = [f for f in found if f is not None]
+    def support(claim_id: str, profile: str, n: int, minimum: int) -> float | None:
+        return power.paper_support(claim_list, by_id[claim_id], profile, folder, cv, n,
+                                   verdict_minimum=minimum)
+
+    def least(experiment: Any, n: int) -> float | None:
+        profile = experiment.name.partition("@")[2] or "paper"
+        minimum = min(experiment.min_ok, max(n, budget.TRIALS_FLOOR))
+        known = [f for c in experiment.claims if c in by_id
+                 and (f := support(c, profile, n, minimum)) is not None]
         return min(known) if known else None
 
-    return lambda experiment, n: least(experiment.name, experiment.claims, n)
+    return least
 
 
 def _print_budget(specs: list[Spec], traced: list[int], paths: list[Path], rates: dict[str, Any],
                   text: str, save: Path | None, cv: float = 0.02) -> int:
     """Fit the specs into the budget and say what each experiment and claim gave up (saved to
-    `save` for `run --budget-plan`); 1 when no plan fits (nothing saved)."""
+    `save` for `run --budget-plan`); 1 when no plan fits (nothing saved, the least plan said)."""
     from multicard import budget, calibrate
     from multicard.runner import format_duration
 
@@ -275,38 +282,52 @@ def _print_budget(specs: list[Spec], traced: list[int], paths: list[Path], rates
     def estimate(workload: str, settings: Any, trace: str) -> float:
         return calibrate.estimate(workload, settings, rates, trace).seconds
 
-    chosen = budget.fit(experiments, seconds, estimate, _budget_power(claim_list, _claims_folder(paths), cv))
+    power = _budget_power(claim_list, _claims_folder(paths), cv)
+    chosen = budget.fit(experiments, seconds, estimate, power)
     full = budget.fit(experiments, float("inf"), estimate)
     if not chosen.fits:
         print(f"budget {format_duration(seconds)}: no plan fits; the least plan (every lever at its "
               f"floor) takes {format_duration(chosen.seconds)} of the {format_duration(full.seconds)} "
-              "planned")
-        return 1
-    print(f"budget {format_duration(seconds)}: fits in {format_duration(chosen.seconds)} of the "
-          f"{format_duration(full.seconds)} planned")
+              "planned:")
+    else:
+        print(f"budget {format_duration(seconds)}: fits in {format_duration(chosen.seconds)} of the "
+              f"{format_duration(full.seconds)} planned")
     lost = {c.experiment.name: budget.given_up(c) for c in chosen.choices}
     for choice in chosen.choices:
         e = choice.experiment
         print(f"  {e.name}: {choice.trials} trial(s) x {len(choice.configs)} configs"
               f"{f', {choice.epochs} epochs' if choice.epochs is not None else ''}, "
               f"{format_duration(choice.seconds(estimate))}: {'; '.join(lost[e.name]) or 'nothing given up'}")
-    _print_claims_given_up(chosen.choices, claim_list)
+    _print_claims_given_up(chosen.choices, claim_list, power, cv)
+    if not chosen.fits:
+        return 1
     if save is not None:
         budget.save_plan(budget.plan_document(chosen, text), save)
         print(f"budget plan saved to {save} (multicard run ... --budget-plan {save})")
     return 0
 
 
-def _print_claims_given_up(choices: tuple[Any, ...], claim_list: list[Any]) -> None:
-    """Per claim, what the experiments it reads gave up (dropped configs are none it reads)."""
+def _print_claims_given_up(choices: tuple[Any, ...], claim_list: list[Any],
+                           power: Callable[[Any, int], float | None], cv: float) -> None:
+    """Per claim, what the experiments it reads gave up (dropped configs are none it reads), and
+    where their trials went down, its power where the paper is right before and after."""
     from multicard import budget
 
     lost = {c.experiment.name: budget.given_up(c, by_claims=True) for c in choices}
     for claim in claim_list:
-        where = [c.experiment.name for c in choices if claim.id in c.experiment.claims]
-        gone = [f"{name}: {'; '.join(lost[name])}" for name in where if lost[name]]
-        print(f"  {claim.id}: {' | '.join(gone) if gone else 'nothing given up'}"
-              f"{'' if where else ' (no experiment of this plan reads it)'}")
+        mine = [c for c in choices if claim.id in c.experiment.claims]
+        gone = [f"{c.experiment.name}: {'; '.join(lost[c.experiment.name])}" for c in mine
+                if lost[c.experiment.name]]
+        cut = [c for c in mine if c.trials < c.experiment.trials]
+        shown = ""
+        if cut:  # at the fewest trials among its experiments, in all of them (conservative)
+            fewest = min(cut, key=lambda c: c.trials)
+            one = replace(fewest.experiment, claims=(claim.id,))
+            before, after = power(one, one.trials), power(one, fewest.trials)
+            if before is not None and after is not None:
+                shown = f" [P(supported) where the paper is right, CV {cv:.0%}: {before:.2f} -> {after:.2f}]"
+        print(f"  {claim.id}: {' | '.join(gone) if gone else 'nothing given up'}{shown}"
+              f"{'' if mine else ' (no experiment of this plan reads it)'}")
 
 
 def _estimate_json(found: Any) -> dict[str, Any]:

@@ -50,6 +50,9 @@ class Part:
     loss: float = 0.0  # not_worse: mean(against) - mean(compare), in the metric's units
     penalty: tuple[float, float] = (0.0, 0.0)  # numa: log penalty without binding, under local
     fails: bool = False  # outcome: the named configs fail for a resource
+    # the paper's own values where it gives them: (the group's settings, its log ratio or, for
+    # not_worse, its loss); they take the place of `effect` / `loss` in those groups
+    values: tuple[tuple[dict[str, Any], float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,17 @@ def _signed(part: claims.Claim, effect: float) -> float:
 
 
 def part_worlds(part: claims.Claim) -> list[tuple[str, str, Part]]:
-    """(role, name, what the world says) for one simple claim, by its kind."""
+    """(role, name, what the world says) for one simple claim, by its kind; where the paper gives
+    per-group values (claims.paper_values), a world at those values too (values_world)."""
+    found = _kind_worlds(part)
+    at_values = values_world(part, found)
+    if at_values is not None:
+        first_other = next((i for i, (role, _, _) in enumerate(found) if role != "paper"), len(found))
+        found.insert(first_other, at_values)
+    return found
+
+
+def _kind_worlds(part: claims.Claim) -> list[tuple[str, str, Part]]:
     tol = part.tolerance or 0.0
     if part.kind == "range":
         low, high = sorted(claims.as_log_ratio(part.quantity, v) for v in part.range or (1, 1))
@@ -128,29 +141,67 @@ def part_worlds(part: claims.Claim) -> list[tuple[str, str, Part]]:
     return []
 
 
+def values_world(part: claims.Claim,
+                 kind_worlds: list[tuple[str, str, Part]]) -> tuple[str, str, Part] | None:
+    """The paper at its own per-group values (Table 5's four, C3's two accuracies), the groups it
+    gives none for at its first paper-right world; role `paper` where every value lies inside
+    the claim's band, `other` where one does not (C3: the paper's own 1.26-point loss). None
+    without values, and for a trend, whose paper-right world is already its ends."""
+    first = next((p for role, _, p in kind_worlds if role == "paper"), None)
+    if not part.values or first is None or part.kind == "shrinks":
+        return None
+    unit = " points" if part.kind == "not_worse" else ("x" if part.quantity == "ratio" else " %")
+    scale = 100 if part.kind == "not_worse" else 1
+    shown = ", ".join(f"{_label(v.group)}: {scale * v.value:g}{unit}" for v in part.values)
+    if part.kind == "not_worse":
+        entries = tuple((v.group, v.value) for v in part.values)
+    else:
+        entries = tuple((v.group, claims.as_log_ratio(part.quantity, v.value)) for v in part.values)
+    holds = all(claims.inside_band(part, effect) for _, effect in entries)
+    name = f"the paper's own values ({shown})" + ("" if holds else ": outside its own claim")
+    return ("paper" if holds else "other"), name, replace(first, values=entries)
+
+
+def _label(group: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in group.items()) or "every group"
+
+
 def worlds(claim: claims.Claim) -> list[World]:
     """A claim's worlds: its own kind's, or for `all` the paper right, no effect and half the
     effect in every part at once (a part without a half world keeps its paper-right one; no half
-    world where no part has one)."""
+    world where no part has one), and where a part has several paper-right worlds (a span's ends,
+    C10's 5 % penalty), one more each, the other parts at their first."""
     if not claim.parts:
         return [World(role, name, (part,)) for role, name, part in part_worlds(claim)]
+    options = [part_worlds(part) for part in claim.parts]
     found = []
     for role in ROLES:
-        if role == "half" and not any(r == "half" for part in claim.parts for r, _, _ in part_worlds(part)):
+        if role == "half" and not any(r == "half" for o in options for r, _, _ in o):
             continue  # no part has a number to halve (C11, C16, C17)
         chosen = []
-        for part in claim.parts:
-            options = part_worlds(part)
+        for part_options in options:
             # a part without a world of this role keeps the paper's (an outcome has no half)
-            pick = next((p for r, _, p in options if r == role), None) or next(
-                (p for r, _, p in options if r == "paper"), None)
+            pick = next((p for r, _, p in part_options if r == role), None) or next(
+                (p for r, _, p in part_options if r == "paper"), None)
             if pick is None:
                 return []
             chosen.append(pick)
         name = {"paper": "paper right in every part", "none": "no effect in any part",
                 "half": "half the effect in every part"}[role]
         found.append(World(role, name, tuple(chosen)))
+        if role == "paper":
+            found += _paper_variants(tuple(chosen), options)
     return found
+
+
+def _paper_variants(first: tuple[Part, ...], options: list[list[tuple[str, str, Part]]]) -> list[World]:
+    """One world per further paper-right world of a part, the other parts at their first."""
+    variants = []
+    for i, part_options in enumerate(options):
+        for _, name, part in [o for o in part_options if o[0] == "paper"][1:]:
+            parts = (*first[:i], part, *first[i + 1:])
+            variants.append(World("paper", f"paper right in every part; part {i + 1}: {name}", parts))
+    return variants
 
 
 def simulable(claim: claims.Claim) -> bool:
@@ -186,13 +237,14 @@ def _log_mean(config: dict[str, Any], metric: str, parts: list[tuple[claims.Clai
             continue
         if part.metric != metric or not claims.matches(config, {**part.compare, **part.where}):
             continue
+        given = next((v for group, v in says.values if claims.matches(config, group)), None)
         if part.kind == "not_worse":
-            total -= says.loss  # in points, applied by _draw on the metric's own scale
+            total -= says.loss if given is None else given  # in points, on the metric's own scale
             continue
         groups = _groups(part, grid)
         key = {k: config[k] for k in groups[0]} if groups else {}
         index = groups.index(key) if key in groups else 0
-        total -= says.effect(index, len(groups))
+        total -= says.effect(index, len(groups)) if given is None else given
     return total
 
 
@@ -205,11 +257,12 @@ def _draw(metric: str, shift: float, cv: float, n: int, rng: np.random.Generator
 
 
 def draw_results(claim: claims.Claim, world: World, facts: list[claims.Claim], profile: str,
-                 experiments: Path, trials: int, cv: float,
-                 rng: np.random.Generator) -> dict[str, list[claims.Results]]:
+                 experiments: Path, trials: int, cv: float, rng: np.random.Generator,
+                 verdict_minimum: int | None = None) -> dict[str, list[claims.Results]]:
     """One run of every experiment the claim reads, drawn from the world: `trials` attempts per
     config it reads, each ok with the metrics its parts read, or out of memory where an outcome
-    (the world's, or one of `facts`) says the config fails."""
+    (the world's, or one of `facts`) says the config fails; `verdict_minimum` in place of the
+    profile's min_ok (a budget that lowered it)."""
     pairs = list(zip(_parts(claim), world.parts, strict=True))
     out: dict[str, list[claims.Results]] = {}
     for name in dict.fromkeys(p.experiment for p, _ in pairs):
@@ -218,7 +271,7 @@ def draw_results(claim: claims.Claim, world: World, facts: list[claims.Claim], p
         fails = [p.compare for p, says in mine if p.kind == "outcome" and says.fails]
         fails += [f.compare for f in facts if f.experiment == name and f.outcome == "fails"]
         grid = _read_grid(base, [p for p, _ in mine])
-        run = replace(base, grid=grid)
+        run = replace(base, grid=grid, min_ok=verdict_minimum or base.min_ok)
         # the NUMA test reads the pauses too (its evidence), drawn like times
         numa = {"train_time_s", "first_batch_latency_s"} if any(p.kind == "numa" for p, _ in mine) else set()
         metrics = sorted({p.metric for p, _ in mine if p.metric} | numa)
@@ -269,11 +322,12 @@ def _read_grid(base: spec.Spec, parts: list[claims.Claim]) -> dict[str, list[Any
 # --- operating characteristics -----------------------------------------------------------------
 
 def characteristic(claim: claims.Claim, world: World, facts: list[claims.Claim], profile: str,
-                   experiments: Path, trials: int, cv: float, runs: int, seed: int) -> Characteristic:
+                   experiments: Path, trials: int, cv: float, runs: int, seed: int,
+                   verdict_minimum: int | None = None) -> Characteristic:
     rng = np.random.default_rng([seed, trials, round(cv * 1e6), *claim.id.encode()])
     counts: Counter[str] = Counter()
     for _ in range(runs):
-        data = draw_results(claim, world, facts, profile, experiments, trials, cv, rng)
+        data = draw_results(claim, world, facts, profile, experiments, trials, cv, rng, verdict_minimum)
         counts[claims.judge(claim, data).verdict] += 1
     return Characteristic(claim.id, world.name, world.role, trials, cv, runs,
                           {v: counts[v] / runs for v in claims.VERDICTS if counts[v]})
@@ -284,14 +338,14 @@ def outcome_facts(claim_list: list[claims.Claim], claim: claims.Claim) -> list[c
     return [p for c in claim_list if c.id != claim.id for p in _parts(c) if p.kind == "outcome"]
 
 
-def trials_for_power(claim: claims.Claim, world: World, facts: list[claims.Claim], profile: str,
+def trials_for_power(claim: claims.Claim, paper: list[World], facts: list[claims.Claim], profile: str,
                      experiments: Path, cv: float, runs: int, seed: int,
                      target: float = 0.8) -> int | None:
-    """The fewest trials per config of TRIAL_LADDER at which the world reads supported in at
-    least `target` of the runs; None when even the most do not."""
+    """The fewest trials per config of TRIAL_LADDER at which every world of `paper` reads
+    supported in at least `target` of the runs; None when even the most do not."""
     for n in TRIAL_LADDER:
-        found = characteristic(claim, world, facts, profile, experiments, n, cv, runs, seed)
-        if found.shares.get("supported", 0.0) >= target:
+        if all(characteristic(claim, w, facts, profile, experiments, n, cv, runs, seed)
+               .shares.get("supported", 0.0) >= target for w in paper):
             return n
     return None
 
@@ -311,7 +365,7 @@ class ClaimPower:
 def claims_power(claim_list: list[claims.Claim], profile: str, experiments: Path, cvs: list[float],
                  trials: int | None, runs: int, seed: int, needed: bool = True) -> list[ClaimPower]:
     """Every claim's characteristics in each of its worlds at each CV, at `trials` per config (the
-    profile's own count when None), and the trials its first paper-right world needs for 80 %."""
+    profile's own count when None), and the trials its paper-right worlds need for 80 %."""
     found = []
     for claim in claim_list:
         for cv in cvs:
@@ -322,7 +376,8 @@ def claims_power(claim_list: list[claims.Claim], profile: str, experiments: Path
 
 def claim_power(claim_list: list[claims.Claim], claim: claims.Claim, profile: str,
                  experiments: Path, cv: float, trials: int | None, runs: int, seed: int,
-                 needed: bool) -> ClaimPower:
+                 needed: bool, verdict_minimum: int | None = None,
+                 roles: tuple[str, ...] = (*ROLES, "other")) -> ClaimPower:
     if not simulable(claim):
         return ClaimPower(claim, cv, trials or 0, skipped="reads trace metrics: not simulated")
     try:
@@ -334,38 +389,56 @@ def claim_power(claim_list: list[claims.Claim], claim: claims.Claim, profile: st
                           skipped=f"the {profile} profile runs on another device than the claim's")
     n = trials or max(s.trials for s in specs)
     facts = outcome_facts(claim_list, claim)
-    rows = tuple(characteristic(claim, w, facts, profile, experiments, n, cv, runs, seed)
-                 for w in worlds(claim))
-    paper = next((w for w in worlds(claim) if w.role == "paper"), None)
+    rows = tuple(characteristic(claim, w, facts, profile, experiments, n, cv, runs, seed, verdict_minimum)
+                 for w in worlds(claim) if w.role in roles and _values_apply(w, specs))
+    paper = [w for w in worlds(claim) if w.role == "paper"]
     fewest = (trials_for_power(claim, paper, facts, profile, experiments, cv, runs, seed)
-              if needed and paper is not None else None)
-    return ClaimPower(claim, cv, n, rows, fewest, searched=needed and paper is not None)
+              if needed and paper else None)
+    return ClaimPower(claim, cv, n, rows, fewest, searched=needed and bool(paper))
+
+
+def _values_apply(world: World, specs: list[spec.Spec]) -> bool:
+    """Whether the paper's per-group values a world sets meet a config of the profile (C3's 2-GPU
+    cells do not in a 1-GPU profile: that world would be the paper right, mislabelled)."""
+    for says, run in zip(world.parts, specs, strict=True):
+        settings = [s for _, _, s in spec.configs(run)]
+        if says.values and not any(claims.matches(s, group) for group, _ in says.values for s in settings):
+            return False
+    return True
+
+
+def weakest_paper(found: ClaimPower) -> float | None:
+    """P(supported) in the claim's weakest paper-right world; None without one."""
+    papers = [r.shares.get("supported", 0.0) for r in found.rows if r.role == "paper"]
+    return min(papers) if papers and not found.skipped else None
 
 
 def paper_support(claim_list: list[claims.Claim], claim: claims.Claim, profile: str,
                   experiments: Path, cv: float, trials: int, draws: int = 50,
-                  seed: int = 0) -> float | None:
-    """P(supported) in the claim's first paper-right world at `trials` per config of `profile`
-    and noise `cv`; None when it cannot be simulated (trace metrics, an experiment or profile
-    outside `experiments`, another device, no paper-right world)."""
+                  seed: int = 0, verdict_minimum: int | None = None) -> float | None:
+    """P(supported) in the claim's weakest paper-right world at `trials` per config of `profile`
+    and noise `cv` (and `verdict_minimum` in place of the profile's, where a budget lowered it);
+    None when it cannot be simulated (trace metrics, an experiment or profile outside
+    `experiments`, another device, no paper-right world)."""
     found = claim_power(claim_list, claim, profile, experiments, cv, trials, draws, seed,
-                         needed=False)
-    paper = next((r for r in found.rows if r.role == "paper"), None)
-    return None if found.skipped or paper is None else paper.shares.get("supported", 0.0)
+                         needed=False, verdict_minimum=verdict_minimum, roles=("paper",))
+    return weakest_paper(found)
 
 
 def paper_right_support(claim_list: list[claims.Claim], claim: claims.Claim,
                         runs: list[tuple[spec.Spec, pd.DataFrame]], experiments: Path, cv: float,
                         draws: int = 50, seed: int = 0) -> tuple[float, int] | None:
-    """paper_support at the profile of the runs that read the claim's first part and their
-    median ok trials per config, with those trials; None as there, or without such a run."""
+    """paper_support at the profile of the runs that read the claim's first part, their median ok
+    trials per config and their verdict minimum (a budget may have lowered it), with those
+    trials; None as there, or without such a run."""
     first = _parts(claim)[0].experiment
     mine = [(s, t) for s, t in runs if s.name == first and not t.empty]
     if not mine:
         return None
     run_spec, trials = mine[0]
     n = max(2, int(np.median(trials.groupby("config_id").size())))
-    found = paper_support(claim_list, claim, run_spec.profile, experiments, cv, n, draws, seed)
+    found = paper_support(claim_list, claim, run_spec.profile, experiments, cv, n, draws, seed,
+                          verdict_minimum=run_spec.min_ok)
     return None if found is None else (found, n)
 
 

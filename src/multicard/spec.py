@@ -75,6 +75,7 @@ class Reference:
     source: str
     note: str = ""
     outcome: str | None = None  # "runs" | "fails": a binary result the paper reports
+    inferred: bool = False  # the cell, or which config it belongs to, is inferred, not given
 
     def applies_to(self, config: Mapping[str, Value]) -> bool:
         return all(config.get(k) == v for k, v in self.match.items())
@@ -502,7 +503,7 @@ def _references(check: _Checker, doc: dict[str, Any], workload: str) -> list[Ref
     for i, entry in enumerate(entries):
         key = f"[[reference]] #{i + 1}"
         entry = check.table(key, entry)
-        check.keys(key, entry, known | {"match", "source", "note", "outcome"})
+        check.keys(key, entry, known | {"match", "source", "note", "outcome", "inferred"})
         match = check.table(f"{key}.match", entry.get("match", {}))
         match = {k: check.setting(workload, f"{key}.match.{k}", k, v) for k, v in match.items()}
         values = {k: _ref_value(check, f"{key}.{k}", v) for k, v in entry.items() if k in known}
@@ -512,7 +513,10 @@ def _references(check: _Checker, doc: dict[str, Any], workload: str) -> list[Ref
         if not values and outcome is None:
             check.fail(key, "at least one metric value or an outcome", show_got=False)
         source = check.text(f"{key}.source", entry.get("source"))
-        refs.append(Reference(match, values, source, str(entry.get("note", "")), outcome))
+        inferred = entry.get("inferred", False)
+        if not isinstance(inferred, bool):
+            check.fail(f"{key}.inferred", "true or false", inferred)
+        refs.append(Reference(match, values, source, str(entry.get("note", "")), outcome, inferred))
     return refs
 
 
@@ -619,7 +623,8 @@ def to_toml(spec: Spec) -> str:
                    "breakdown": spec.breakdown},
         "reference": [
             {"match": r.match, **{k: list(v) if isinstance(v, tuple) else v for k, v in r.values.items()},
-             "source": r.source, "note": r.note, **({"outcome": r.outcome} if r.outcome else {})}
+             "source": r.source, "note": r.note, **({"outcome": r.outcome} if r.outcome else {}),
+             **({"inferred": True} if r.inferred else {})}
             for r in spec.references
         ],
     }

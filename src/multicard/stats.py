@@ -28,8 +28,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -254,25 +254,61 @@ def difference_of_means(a: ArrayLike, b: ArrayLike, confidence: float | None = N
     return Difference(value, value - half, value + half, len(x), len(y))
 
 
+def log_contrast(samples: Sequence[ArrayLike], weights: Sequence[float],
+                 confidence: float | None = None) -> Difference:
+    """sum of w_i * mean(log x_i) over independent samples of positive values, with Welch's t
+    interval (Satterthwaite's degrees of freedom): one interval for an effect built from several
+    arms (a change of a log ratio, a log ratio pooled over groups). NaN where a sample has fewer
+    than two values or a value is not positive; `n_a`, `n_b`: the first two samples' sizes."""
+    logs = []
+    for x in samples:
+        values = np.asarray(x, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs.append(np.log(values) if len(values) and np.all(values > 0) else np.array([NAN]))
+    sizes = [len(np.asarray(x)) for x in samples] + [0, 0]
+    if any(len(x) < 2 or not np.isfinite(x).all() for x in logs):
+        return Difference(NAN, NAN, NAN, sizes[0], sizes[1])
+    value = float(sum(w * x.mean() for w, x in zip(weights, logs, strict=True)))
+    parts = [w**2 * x.var(ddof=1) / len(x) for w, x in zip(weights, logs, strict=True)]
+    total = sum(parts)
+    if total == 0:
+        return Difference(value, value, value, sizes[0], sizes[1])
+    df = total**2 / sum(v**2 / (len(x) - 1) for v, x in zip(parts, logs, strict=True))
+    half = _t(confidence, df) * math.sqrt(total)
+    return Difference(value, value - half, value + half, sizes[0], sizes[1])
+
+
 def log_ratio_change(first: tuple[ArrayLike, ArrayLike], last: tuple[ArrayLike, ArrayLike],
                      confidence: float | None = None) -> Difference:
     """How much a log ratio changes between two settings: (mean log b1 - mean log o1) -
-    (mean log b2 - mean log o2) for `first` = (b1, o1) and `last` = (b2, o2), all values
-    positive, with Welch's t interval over the four independent samples (Satterthwaite's
-    degrees of freedom). Above 0: the ratio is larger at `first`. A direct test of a trend, where
-    two overlapping intervals would say nothing; NaN where a sample has fewer than two values."""
-    samples = [np.log(np.asarray(x, dtype=float)) for pair in (first, last) for x in pair]
-    if any(len(x) < 2 for x in samples) or not all(np.isfinite(x).all() for x in samples):
-        return Difference(NAN, NAN, NAN, len(samples[0]), len(samples[2]))
-    b1, o1, b2, o2 = samples
-    value = float((b1.mean() - o1.mean()) - (b2.mean() - o2.mean()))
-    parts = [x.var(ddof=1) / len(x) for x in samples]
-    total = sum(parts)
-    if total == 0:
-        return Difference(value, value, value, len(b1), len(b2))
-    df = total**2 / sum(v**2 / (len(x) - 1) for v, x in zip(parts, samples, strict=True))
-    half = _t(confidence, df) * math.sqrt(total)
-    return Difference(value, value - half, value + half, len(b1), len(b2))
+    (mean log b2 - mean log o2) for `first` = (b1, o1) and `last` = (b2, o2), one log_contrast
+    over the four samples. Above 0: the ratio is larger at `first`. A direct test of a trend,
+    where two overlapping intervals would say nothing; `n_a`, `n_b`: b1's and b2's sizes."""
+    found = log_contrast([*first, *last], [1.0, -1.0, -1.0, 1.0], confidence)
+    return replace(found, n_b=len(np.asarray(last[0])))
+
+
+def pooled_log_ratio(pairs: Sequence[tuple[ArrayLike, ArrayLike]],
+                     confidence: float | None = None) -> Difference:
+    """The log ratio mean(log b) - mean(log o) averaged over groups (b, o): one interval for one
+    effect that several groups share (the DataLoader's penalty over 3 and 4 GPUs), narrower than
+    any group's own."""
+    k = len(pairs)
+    if k == 0:
+        return Difference(NAN, NAN, NAN)
+    return log_contrast([x for pair in pairs for x in pair], [1 / k, -1 / k] * k, confidence)
+
+
+def level() -> float:
+    """The confidence of intervals that are not given one: 95 %, or what confidence_level set."""
+    return _LEVEL.get()
+
+
+def shared_level(groups: int, confidence: float | None = None) -> float:
+    """The confidence each of `groups` intervals needs for all of them to hold together at
+    `confidence` (the current level by default), by Bonferroni: 1 - (1 - confidence) / groups."""
+    base = level() if confidence is None else confidence
+    return 1 - (1 - base) / max(1, groups)
 
 
 def proportion_mean_ci(values: ArrayLike, confidence: float | None = None) -> tuple[float, float]:

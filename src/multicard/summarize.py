@@ -6,7 +6,8 @@ epoch) enters the per-config statistics as its per-trial mean.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -378,6 +379,20 @@ def effects(spec: Spec, trials: pd.DataFrame, factor: str, base: Any, metric: st
     return pd.DataFrame(rows)
 
 
+STATUS_WORDS = {"timeout": "timed out", "oom": "out of memory", "failed": "failed"}
+
+
+def attempts_ending(records: list[dict[str, Any]]) -> str:
+    """"of 5 attempts 4 out of memory, 1 ok" / "of 1 attempts 1 failed (ModuleNotFoundError)"."""
+    kinds: dict[str, int] = {}
+    for r in records:
+        error = (r.get("error") or {}).get("type")
+        word = "ok" if r["status"] == "ok" else STATUS_WORDS.get(r["status"], r["status"])
+        key = f"{word} ({error})" if r["status"] == "failed" and error else word
+        kinds[key] = kinds.get(key, 0) + 1
+    return f"of {len(records)} attempts " + ", ".join(f"{n} {k}" for k, n in kinds.items())
+
+
 def cause(status: str, error_type: str | None) -> str:
     """"oom", "timeout", "interrupted", or "failed: <exception type>" for the failure column."""
     return status if status in ("oom", "timeout", "interrupted") or not error_type \
@@ -391,6 +406,8 @@ def _references(spec: Spec, config: dict[str, Any]) -> dict[str, Any]:
             values |= ref.values
             if ref.outcome:
                 values["outcome"] = ref.outcome
+            if ref.inferred:
+                values["inferred"] = True
     return values
 
 
@@ -401,6 +418,65 @@ PENALTY_GPUS = (3, 4)
 # the DataLoader's penalty left under binding that still counts as removed (claims.toml's
 # [tolerance.numa] gives the reason; claims pass theirs)
 PENALTY_TOLERANCE = 0.06
+
+
+# the NUMA test's first question reads these arms, (loader, numa_policy), at PENALTY_GPUS
+NUMA_ARMS = frozenset({("torch", "none"), ("dali", "none"), ("torch", "local"), ("dali", "local")})
+
+
+def reads_numa(settings: Mapping[str, Any]) -> bool:
+    """Whether the NUMA test's first question reads a config with these settings: either loader,
+    no binding or `local`, at the GPU counts of the penalty."""
+    return (settings.get("loader"), settings.get("numa_policy")) in NUMA_ARMS \
+        and settings.get("gpus") in PENALTY_GPUS
+
+
+def answers_penalty(spec: Spec) -> bool:
+    """Whether a run of `spec` holds all four arms of the first question (a profile with one
+    loader, as the controls, cannot answer it)."""
+    held = {(s.get("loader"), s.get("numa_policy")) for _, _, s in specmod.configs(spec) if reads_numa(s)}
+    return held >= NUMA_ARMS
+
+
+def held_penalty_configs(spec: Spec, trials: pd.DataFrame, records: list[dict[str, Any]]) -> str:
+    """The configs of the first question that cannot decide, named: fewer than min_ok ok trials,
+    none (how their attempts ended), a timed-out attempt (a censored time), or, when the run has
+    records, a planned config never attempted. "" when every one can. Configs are matched by
+    their factor values."""
+    def key(config: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(config.get(k) for k in spec.grid)
+
+    configs = {key(row): {k: row[k] for k in spec.grid if k in row} for row in trials.to_dict("records")
+               if reads_numa({**spec.fixed, **row})}
+    if records:
+        configs |= {key(config): config for _, config, settings in specmod.configs(spec)
+                    if reads_numa(settings)}
+    attempts: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in records:
+        if r.get("experiment") == spec.name and r.get("trace", "none") == "none" \
+                and r.get("status") != "interrupted" and key(r.get("config", {})) in configs:
+            attempts.setdefault(key(r["config"]), []).append(r)
+    ok = {k: len(rows) for k, rows in trials.groupby(list(spec.grid), sort=False)} \
+        if not trials.empty and set(spec.grid) <= set(trials) else {}
+    held = [f"{_arm_label(spec, config)}: {why}" for k, config in configs.items()
+            if (why := _why_held(int(ok.get(k, 0)), attempts.get(k, []), spec.min_ok))]
+    return "; ".join(held)
+
+
+def _why_held(ok: int, attempts: list[dict[str, Any]], minimum: int) -> str:
+    if any(r["status"] == "timeout" for r in attempts):
+        return "censored by a timed-out attempt"
+    if ok == 0:
+        tried = [r for r in attempts if r["status"] != "skipped"]
+        return f"no ok trial ({attempts_ending(tried)})" if tried else (
+            "skipped" if attempts else "not attempted")
+    return f"n = {ok} < {minimum}" if ok < minimum else ""
+
+
+def _arm_label(spec: Spec, config: Mapping[str, Any]) -> str:
+    c = {**spec.fixed, **config}
+    others = "".join(f", {k}={v}" for k, v in config.items() if k not in ("loader", "numa_policy", "gpus"))
+    return f"{c['loader']}/{c['numa_policy']} at {c['gpus']} GPUs{others}"
 
 
 @dataclass(frozen=True)
@@ -427,51 +503,93 @@ def _select(table: pd.DataFrame, gpus: Iterable[int], **match: Any) -> pd.DataFr
     return table[keep]
 
 
-def removes_penalty(unbound: pd.DataFrame, bound: pd.DataFrame, tolerance: float) -> tuple[str, str]:
-    """(answer, why) from the DataLoader's penalty T_torch / T_dali without binding and under
-    it (effects rows of each group, matched on every other factor): a group says `yes` when the
-    unbound penalty's CI lies above 1 and the bound one's below 1 + tolerance, `no` when the
-    bound one's lies wholly above 1 + tolerance, else nothing either way. All groups yes: yes; all
-    no: no; both: mixed; otherwise inconclusive, naming the groups."""
-    if unbound.empty or bound.empty:
+def removes_penalty(spec: Spec, trials: pd.DataFrame, tolerance: float) -> tuple[str, str]:
+    """(answer, why): does binding remove the DataLoader's penalty T_torch / T_dali at 3-4 GPUs?
+
+    One penalty, tested where it is claimed: without binding, pooled over the groups (every GPU
+    count of 3-4 and every other factor: stats.pooled_log_ratio), its interval above 1 says
+    there is one to remove; under `local`, each group's own interval must lie below 1 +
+    tolerance for `yes` (every group, at 95 %). `no` where a group's penalty under local lies
+    wholly above 1 + tolerance, `mixed` where another's then lies wholly below it: those read
+    intervals at the level the groups share (stats.shared_level), since among several groups one
+    interval wholly outside is otherwise chance. Otherwise `inconclusive`, saying why."""
+    groups = _penalty_groups(spec, trials)
+    if not groups:
         return "not run", "no 3-4 GPU trials of both loaders under both none and local"
-    keys = [c for c in bound.columns if c in unbound.columns and c not in _EFFECT_COLUMNS]
-    pairs = unbound.merge(bound, on=keys, suffixes=("_none", "_local"))
-    if pairs.empty:
-        return "not run", "no group has the penalty measured under both none and local"
-    said = {"yes": [], "no": [], "inconclusive": []}
-    for row in pairs.to_dict("records"):
-        label = ", ".join(f"{k}={row[k]}" for k in keys)
-        said[_group_removes(row, tolerance)].append(label)
-    found = {k for k, v in said.items() if v}
-    answer = ("yes" if found == {"yes"} else "no" if found == {"no"} else
-              "mixed" if {"yes", "no"} <= found else "inconclusive")
-    why = "; ".join(f"{k}: {' / '.join(v)}" for k, v in said.items() if v)
-    return answer, (f"penalty T_torch/T_dali removed when above 1 unbound and below "
-                    f"{1 + tolerance:g} under local; {why}")
+    limit, k = math.log1p(tolerance), len(groups)
+    unbound = stats.pooled_log_ratio([arms["none"] for arms in groups.values()])
+    bound = {label: stats.log_contrast(arms["local"], (1.0, -1.0)) for label, arms in groups.items()}
+    with stats.confidence_level(stats.shared_level(k)):
+        shared = {label: stats.log_contrast(arms["local"], (1.0, -1.0)) for label, arms in groups.items()}
+    left = [label for label, d in shared.items() if d.ci_lo > limit]
+    gone = [label for label, d in shared.items() if d.ci_hi < limit]
+    exists = unbound.ci_lo > 0
+    if left:
+        answer = "mixed" if gone and exists else "no"
+    else:
+        answer = "yes" if exists and all(d.ci_hi < limit for d in bound.values()) else "inconclusive"
+    return answer, _penalty_why(unbound, bound, left, gone, tolerance, k)
 
 
-_EFFECT_COLUMNS = frozenset({"factor", "versus", "metric", "ratio", "ci_lo", "ci_hi", "ci", "n_base",
-                             "n", "numa_policy", "loader"})
+Arms = dict[str, tuple[list[float], list[float]]]  # policy -> (T_torch, T_dali)
 
 
-def _group_removes(row: dict[str, Any], tolerance: float) -> str:
-    if row["ci_lo_local"] > 1 + tolerance:
-        return "no"
-    if row["ci_lo_none"] > 1 and row["ci_hi_local"] < 1 + tolerance:
-        return "yes"
-    return "inconclusive"
+def _penalty_groups(spec: Spec, trials: pd.DataFrame) -> dict[str, Arms]:
+    """{group label: {"none": (torch, dali), "local": (torch, dali)}} of train times, for every
+    3-4 GPU group (the values of the other factors) that has all four arms."""
+    need = {"loader", "numa_policy", "gpus", "train_time_s"}
+    if trials.empty or not need <= set(trials):
+        return {}
+    frame = trials[trials["gpus"].isin(PENALTY_GPUS) & trials["numa_policy"].isin(["none", "local"])]
+    others = [k for k in spec.grid if k not in ("loader", "numa_policy") and k in frame]
+    found = {}
+    for keys, group in (frame.groupby(others, sort=False) if others else [((), frame)]):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        arms = {policy: tuple(group.loc[(group["loader"] == loader) & (group["numa_policy"] == policy),
+                                        "train_time_s"].dropna().tolist() for loader in ("torch", "dali"))
+                for policy in ("none", "local")}
+        if all(a and b for a, b in arms.values()):
+            found[", ".join(f"{k}={v}" for k, v in zip(others, keys, strict=True))] = arms
+    return found
 
 
-def numa_findings(spec: Spec, trials: pd.DataFrame,
-                  tolerance: float = PENALTY_TOLERANCE) -> list[Finding]:
+def level_percent(level: float) -> str:
+    """97.5, 98.33, 99.72: a confidence level as a percentage, two decimals at most."""
+    return f"{100 * level:.2f}".rstrip("0").rstrip(".")
+
+
+def _penalty_why(unbound: stats.Difference, bound: dict[str, stats.Difference], left: list[str],
+                 gone: list[str], tolerance: float, k: int) -> str:
+    def ratio(d: stats.Difference) -> str:
+        return f"{math.exp(d.value):.3f}x [{math.exp(d.ci_lo):.3f}, {math.exp(d.ci_hi):.3f}]" \
+            if not math.isnan(d.ci_lo) else "no interval"
+
+    limit = math.log1p(tolerance)
+    said = [f"penalty T_torch/T_dali without binding, over {k} group(s): {ratio(unbound)}"
+            + ("" if unbound.ci_lo > 0 else ", not above 1: no penalty shown to remove"),
+            f"under local, removed when below {1 + tolerance:g}: "
+            + "; ".join(f"{label}: {ratio(d)}" for label, d in bound.items())]
+    if k > 1:
+        said.append(f"read at the level the {k} groups share ({level_percent(stats.shared_level(k))} %): "
+                    f"left in {' / '.join(left) or 'none'}, removed in {' / '.join(gone) or 'none'}")
+    undecided = [label for label, d in bound.items() if not d.ci_hi < limit and label not in left]
+    if undecided:
+        said.append(f"undecided: {' / '.join(undecided)}")
+    return "; ".join(said)
+
+
+def numa_findings(spec: Spec, trials: pd.DataFrame, tolerance: float = PENALTY_TOLERANCE,
+                  records: list[dict[str, Any]] | None = None) -> list[Finding]:
     """The three questions of the NUMA test, answered from confidence intervals.
 
     1. Does `local` remove the DataLoader's 3-4 GPU penalty? The penalty is T_torch / T_dali under
-       one policy (removes_penalty): `yes` when, at 3-4 GPUs, it is there without binding (CI
-       above 1) and within `tolerance` of 1 under local (CI below 1 + tolerance); `no` only where
-       a penalty wholly above the tolerance remains under local; `inconclusive` otherwise, with
-       why; `not run` without 3-4 GPU trials of both loaders under both policies.
+       one policy (removes_penalty): `yes` when, at 3-4 GPUs, it is there without binding (the
+       interval pooled over the groups above 1) and within `tolerance` of 1 under local in every
+       group (each interval below 1 + tolerance); `no` only where a penalty wholly above the
+       tolerance remains under local; `inconclusive` otherwise, with why, and where a config it
+       reads cannot decide (held_penalty_configs, where `records` are given: too few ok trials,
+       none, a timed-out attempt); `not run` without 3-4 GPU trials of both loaders under both
+       policies.
     2. Does `remote` create a penalty? `yes` when remote is slower than none (CI below 1) for the
        DataLoader at some GPU count.
     3. Which control explains what is left? Every control (page cache, persistent workers,
@@ -482,9 +600,10 @@ def numa_findings(spec: Spec, trials: pd.DataFrame,
     policy = effects(spec, trials, "numa_policy", "none", "train_time_s")
     pauses = effects(spec, trials, "numa_policy", "none", "first_batch_latency_s")
     penalty = effects(spec, trials, "loader", "torch", "train_time_s")
-    removes, why = removes_penalty(_select(penalty, PENALTY_GPUS, numa_policy="none", loader="dali"),
-                                   _select(penalty, PENALTY_GPUS, numa_policy="local", loader="dali"),
-                                   tolerance)
+    removes, why = removes_penalty(spec, trials, tolerance)
+    held = held_penalty_configs(spec, trials, records) if records is not None and removes != "not run" else ""
+    if held:
+        removes, why = "inconclusive", f"not every config it reads can decide: {held}"
     remote = _select(policy, gpus, numa_policy="remote")
     creates = "not run" if remote.empty else ("yes" if (remote["ci"] == "below").any() else "no")
     tried = [effects(spec, trials, factor, base, metric) for factor, base in CONTROLS

@@ -13,10 +13,13 @@ from tests.helpers import EXPERIMENTS, write_spec
 
 
 def experiment(name: str, configs: int, trials: int = 5, min_ok: int = 3, epochs: int = 20,
-               floor: int | None = 2, claimed: int | None = None) -> Experiment:
+               floor: int | None = 2, claimed: int | None = None,
+               claims: tuple[str, ...] = ("C0",)) -> Experiment:
+    """An experiment some claim reads (`claims`), or with claims=() one no claim reads."""
     made = tuple((f"{name}{i}", {"i": i}, {"epochs": epochs}) for i in range(configs))
     return Experiment(name, name, "vision", trials, min_ok, made,
-                      frozenset(cid for cid, _, _ in made[:configs if claimed is None else claimed]), floor)
+                      frozenset(cid for cid, _, _ in made[:configs if claimed is None else claimed]), floor,
+                      claims)
 
 
 def per_epoch(workload: str, settings: dict, trace: str = "none") -> float:
@@ -86,8 +89,14 @@ def test_the_paper_specs_know_which_configs_their_claims_read() -> None:
     alone = budget.experiment_of(spec.load(EXPERIMENTS / "figure6_loaders.toml", "loader_only"), claim_list)
     assert alone.claimed == frozenset() and alone.claims == ()
     numa = budget.experiment_of(spec.load(EXPERIMENTS / "numa_binding.toml"), claim_list)
-    assert numa.claimed == frozenset(cid for cid, _, _ in numa.configs)  # the NUMA verdict reads all
+    # the NUMA verdict reads both loaders under none and local at 3-4 GPUs, in both layouts
+    assert len(numa.configs) == 112 and len(numa.claimed) == 16 and numa.claims == ("C10",)
+    assert all(f["numa_policy"] in ("none", "local") and f["gpus"] in (3, 4)
+               for cid, f, _ in numa.configs if cid in numa.claimed)
     assert numa.epoch_floor == 2
+    # one loader only: it holds configs the NUMA test reads, but can never answer it
+    controls = budget.experiment_of(spec.load(EXPERIMENTS / "numa_binding.toml", "controls"), claim_list)
+    assert controls.claims == () and controls.claimed == frozenset(cid for cid, _, _ in controls.configs)
 
 
 def test_epochs_are_halved_in_the_costliest_experiment_first() -> None:
@@ -187,3 +196,46 @@ def test_an_experiment_whose_power_is_unknown_keeps_its_trials() -> None:
     cut = budget.fit([known, unknown], 2000.0, per_epoch,
                      lambda e, n: 0.9 if e.name == "a" else None)
     assert [c.trials for c in cut.choices] == [4, 6]
+
+
+def test_an_experiment_no_claim_reads_is_dropped_whole_after_the_claims_own_levers() -> None:
+    claimed, own = experiment("a", 1, floor=20), experiment("own", 1, floor=20, claims=())  # 1000 s each
+    found = budget.fit([claimed, own], 900.0, per_epoch)  # both at 3 trials: 1200 s; a alone: 600 s
+    assert found.fits and [len(c.configs) for c in found.choices] == [1, 0]
+    assert [c.trials for c in found.choices] == [3, 3]  # own's trials were cut before it went
+    assert budget.given_up(found.choices[1]) == [
+        "dropped whole: no claim reads it (a question of the artifact's own, 1 configs)"]
+
+
+def test_with_power_trials_go_below_the_verdict_minimum_last_and_take_it_along() -> None:
+    """Past every other lever, a claim that keeps its power at 3 trials gives trials up first,
+    and the verdict minimum goes down with them, never below TRIALS_FLOOR."""
+    clear = experiment("a", 1, min_ok=5, floor=20)
+    marginal = experiment("b", 1, min_ok=5, floor=20)
+    support = {"a": lambda n: 0.95 + 0.001 * n, "b": lambda n: 0.1 * n}
+
+    def power(e: Experiment, n: int) -> float:
+        return support[e.name](n)
+
+    found = budget.fit([clear, marginal], 1600.0, per_epoch, power)  # 10 trials of 200 s -> 8
+    assert found.fits and [c.trials for c in found.choices] == [3, 5]
+    assert [budget.verdict_minimum(c) for c in found.choices] == [3, 5]
+    assert budget.given_up(found.choices[0]) == [
+        "trials per config 5 -> 3 (verdict minimum 5 -> 3): wider intervals"]
+    floor = budget.fit([clear, marginal], 1.0, per_epoch, power)
+    assert not floor.fits and [c.trials for c in floor.choices] == [3, 3]
+    assert [c.trials for c in budget.fit([clear, marginal], 1600.0, per_epoch).choices] == [5, 5]
+
+
+def test_a_lowered_verdict_minimum_is_saved_and_reaches_the_run(tmp_path: Path) -> None:
+    claim_list = claims.load(EXPERIMENTS / "claims.toml")
+    table3 = budget.experiment_of(spec.load(EXPERIMENTS / "table3_pin_memory.toml"), claim_list)
+    assert table3.min_ok == 5 and table3.trials == 5
+    chosen = budget.fit([table3], 8 * 3 * 60.0, lambda w, s, t: 60.0,  # epochs cost nothing here
+                        lambda e, n: 0.9)
+    assert [(c.trials, budget.verdict_minimum(c)) for c in chosen.choices] == [(3, 3)]
+    plan_file = tmp_path / "budget.json"
+    budget.save_plan(budget.plan_document(chosen, "8h"), plan_file)
+    run = budget.budgeted_spec(EXPERIMENTS / "table3_pin_memory.toml", "paper", {}, plan_file)
+    assert (run.trials, run.min_ok) == (3, 3)
+    assert "verdict minimum 5 -> 3" in " ".join(run.budget.given_up if run.budget else ())

@@ -194,17 +194,38 @@ def test_groups_that_decide_both_ways_are_mixed_and_named() -> None:
     data = llm({("lora", 1): ONE, ("lora", 4): [1.2, 1.21, 1.19, 1.205, 1.195],
                 ("dpo", 1): ONE, ("dpo", 4): [0.8, 0.81, 0.79, 0.805, 0.795]})
     v = verdict("C13", data)
-    assert v.verdict == "mixed"
-    assert v.why == ("2 comparison(s): 1 supported (method=lora, dataset=gec), "
-                     "1 contradicted (method=dpo, dataset=gec)")
+    assert v.verdict == "mixed" and v.groups == 2
+    assert v.why.startswith("2 comparison(s): 1 supported (method=lora, dataset=gec), "
+                            "1 contradicted (method=dpo, dataset=gec); read at the level its 2 "
+                            "comparisons share (each interval at 97.5 %, so that together they hold at 95 %")
 
 
-def test_a_contradicted_group_beside_a_merely_consistent_one_is_mixed() -> None:
-    assert claims._across(["contradicted", claims.CONSISTENT]) == "mixed"
+def test_one_group_wholly_outside_contradicts_a_claim_about_every_group() -> None:
+    assert claims._across(["contradicted", claims.CONSISTENT]) == "contradicted"
+    assert claims._across(["contradicted", "inconclusive"]) == "contradicted"
+    assert claims._across(["contradicted", claims.CONSISTENT, "supported"]) == "mixed"
     assert claims._across([claims.CONSISTENT, "supported"]) == claims.CONSISTENT
     assert claims._across(["supported", "inconclusive"]) == "inconclusive"
     assert claims._across(["supported", "invalid"]) == "invalid"
     assert claims._across([]) == "not run"
+    data = llm({("lora", 1): ONE, ("lora", 4): [0.8, 0.81, 0.79, 0.805, 0.795],
+                ("dpo", 1): ONE, ("dpo", 4): [0.9, 1.3, 1.0, 1.1, 0.95]})
+    v = verdict("C13", data)
+    assert v.verdict == "contradicted" and "1 contradicted (method=lora, dataset=gec)" in v.why
+
+
+def test_contradicted_and_mixed_read_intervals_their_groups_share() -> None:
+    # 4 GPUs as fast as 1: the interval lies wholly short of the claimed 5 % slowdown at 95 %,
+    # not at the 97.5 % each of two groups needs for the two to hold together
+    same = [1.0, 1.036, 0.964, 1.024, 0.976]
+    one = verdict("C13", llm({("lora", 1): same, ("lora", 4): same}))
+    assert (one.verdict, one.groups) == ("contradicted", 1)
+    two = verdict("C13", llm({("lora", 1): same, ("lora", 4): same, ("dpo", 1): same, ("dpo", 4): same}))
+    assert (two.verdict, two.groups) == ("inconclusive", 2)
+    assert "each interval at 97.5 %" in two.why
+    # the evidence keeps each group's own 95 % interval, beside the decision read at 97.5 %
+    assert [round(e.ci_lo, 6) for e in two.evidence] == [round(e.ci_lo, 6) for e in one.evidence] * 2
+    assert [e.decision for e in two.evidence] == ["inconclusive"] * 2
 
 
 def test_two_runs_of_one_group_count_once_with_the_better_evidence() -> None:
@@ -392,7 +413,32 @@ def test_numa_part_follows_the_numa_test(torch_local: list[float], expected: str
 def test_the_numa_part_needs_the_minimum_of_trials_too() -> None:
     v = claims.judge(BY_ID["C10"].parts[1], results("numa_binding", numa_rows([8.0, 8.1, 7.9])))
     assert v.verdict == "inconclusive"
-    assert "torch/local at 3 GPUs: n = 3 < 5" in v.why
+    assert "torch/local at 3 GPUs, layout=nchw: n = 3 < 5" in v.why
+
+
+def numa_records(rows: list[dict[str, Any]], extra: list[tuple[str, str, int, str]]) -> list[dict[str, Any]]:
+    """An ok record per trial row, and one more attempt (loader, policy, gpus, status) each."""
+    def record(loader: str, policy: str, gpus: int, trial: int, status: str) -> dict[str, Any]:
+        config = {"loader": loader, "layout": "nchw", "numa_policy": policy, "gpus": gpus}
+        return {"experiment": "numa_binding", "config": config, "trial": trial, "status": status,
+                "config_id": "-".join(str(v) for v in config.values()), "trace": "none",
+                "error": {"type": "OutOfMemoryError"} if status == "oom" else None}
+    return [record(r["loader"], r["numa_policy"], r["gpus"], r["trial"], "ok") for r in rows] + [
+        record(loader, policy, gpus, 9, status) for loader, policy, gpus, status in extra]
+
+
+def test_the_numa_part_is_censored_by_a_timed_out_attempt_and_names_an_arm_with_no_ok_trial() -> None:
+    rows = numa_rows([8.0, 8.1, 7.9, 8.05, 7.95])
+    timed_out = results("numa_binding", rows, records=numa_records(rows, [("dali", "local", 4, "timeout")]))
+    v = claims.judge(BY_ID["C10"].parts[1], timed_out)
+    assert v.verdict == "inconclusive"
+    assert "dali/local at 4 GPUs, layout=nchw: censored by a timed-out attempt" in v.why
+    kept = [r for r in rows
+            if (r["loader"], r["numa_policy"], r["gpus"]) != ("torch", "local", 3)]
+    lost = results("numa_binding", kept, records=numa_records(kept, [("torch", "local", 3, "oom")]))
+    v = claims.judge(BY_ID["C10"].parts[1], lost)
+    assert v.verdict == "inconclusive"
+    assert "torch/local at 3 GPUs, layout=nchw: no ok trial (of 1 attempts 1 out of memory)" in v.why
 
 
 # --- all, not run --------------------------------------------------------------------------------
@@ -554,7 +600,7 @@ def test_the_numa_part_counts_trials_per_config_not_pooled_over_layouts() -> Non
     rows = [{**r, "layout": layout} for layout in ("nchw", "nhwc")
             for r in numa_rows([8.0, 8.1, 7.9, 8.05, 7.95]) if r["trial"] < 3]
     v = claims.judge(BY_ID["C10"].parts[1], results("numa_binding", rows))
-    assert v.verdict == "inconclusive" and "torch/none at 3 GPUs: n = 3 < 5" in v.why
+    assert v.verdict == "inconclusive" and "torch/none at 3 GPUs, layout=nchw: n = 3 < 5" in v.why
 
 
 def test_the_plan_knows_which_claims_each_profile_can_decide() -> None:
@@ -570,3 +616,46 @@ def test_the_plan_knows_which_claims_each_profile_can_decide() -> None:
     smoke = specmod.load(EXPERIMENTS / "table2_precision.toml", "smoke")
     assert not claims.can_decide(by_id["C1"], smoke)  # CPU trials, a claim about cuda
     assert claims.decided_by(by_id["C10"], [table2]) == [0, 0]
+
+
+def test_a_run_that_cannot_answer_the_numa_test_leaves_c10_to_the_one_that_can() -> None:
+    paper = results("numa_binding", numa_rows([8.0, 8.1, 7.9, 8.05, 7.95]))
+    thin = [{"loader": "torch", "numa_policy": "local", "page_cache": "cold", "persistent_workers": False,
+             "normalize": "cpu", "gpus": 4, "trial": t, "train_time_s": 9.0, "first_batch_latency_s": 0.9}
+            for t in range(2)]  # the controls: the DataLoader alone, one config at n = 2
+    controls = results("numa_binding", thin, profile="controls")
+    both = {"numa_binding": paper["numa_binding"] + controls["numa_binding"]}
+    v = claims.judge(BY_ID["C10"].parts[1], both)
+    assert v.verdict == "supported" and "page_cache" not in v.why
+    assert claims.judge(BY_ID["C10"].parts[1], controls).verdict == "not run"
+
+
+def test_a_planned_numa_config_never_attempted_is_named() -> None:
+    rows = numa_rows([8.0, 8.1, 7.9, 8.05, 7.95])
+    s = spec.load(EXPERIMENTS / "numa_binding.toml")
+    ids = {tuple(c.values()): cid for cid, c, _ in spec.configs(s)}
+    records = [{"experiment": "numa_binding", "config": config, "status": "ok", "trace": "none",
+                "trial": r["trial"], "config_id": ids[tuple(config.values())]}
+               for r in rows for config in [{k: r[k] for k in s.grid}]]
+    v = claims.judge(BY_ID["C10"].parts[1], results("numa_binding", rows, records=records))
+    # the paper grid has NHWC too: its 3-4 GPU configs were planned and never ran
+    assert v.verdict == "inconclusive" and "torch/none at 3 GPUs, layout=nhwc: not attempted" in v.why
+
+
+def test_an_outcome_is_not_read_at_a_shared_level() -> None:
+    runs = {"table4_llm_methods": [claims.Results(spec.load(EXPERIMENTS / "table4_llm_methods.toml"),
+                                                  pd.DataFrame(), pd.DataFrame(), [
+        {"experiment": "table4_llm_methods", "config": {"method": "qat", "dataset": "gec", "gpus": g},
+         "config_id": f"qat-{g}", "trial": 0, "status": "ok", "trace": "none"} for g in (1, 2, 3)])]}
+    v = claims.judge(BY_ID["C17"].parts[0], runs)  # QAT ran on 1-3 GPUs: the paper says it fails
+    assert v.verdict == "contradicted" and v.groups == 0 and "share" not in v.why
+
+
+def test_the_papers_value_for_a_group_shows_beside_ours_and_says_when_it_is_inferred() -> None:
+    rows = [*trials({"pin_memory": False}, "step_time_median_s", [1.0, 1.01, 0.99, 1.005, 0.995]),
+            *trials({"pin_memory": True}, "step_time_median_s", [0.97, 0.98, 0.96, 0.975, 0.965])]
+    v = verdict("C14", results("table5_llm_pin_memory", rows, profile="eval"))  # eval fixes gpus = 4
+    [group] = v.evidence
+    assert group.paper == pytest.approx(3.5) and group.paper_inferred
+    from multicard.report import evidence_text
+    assert "paper 3.5% (inferred)" in evidence_text(v.evidence)

@@ -77,6 +77,19 @@ def test_reproduce_with_a_budget_fits_or_says_no_plan_fits(tmp_path: Path) -> No
     assert late.returncode != 0 and "started without --budget" in late.stdout + late.stderr
 
 
+@pytest.mark.slow
+def test_the_whole_paper_fits_in_24_hours_and_says_what_each_claim_keeps(tmp_path: Path) -> None:
+    fitted = reproduce("--budget", "24h", "--out", str(tmp_path / "new"))
+    out = fitted.stdout + fitted.stderr
+    assert fitted.returncode == 0 and "budget 24h 00m: fits in" in out, out[-2000:]
+    # the artifact's own questions go before the claims' trials go under their minimum, and each
+    # claim whose trials went down says its power where the paper is right, before and after
+    assert "numa_binding@controls: 3 trial(s) x 0 configs" in out
+    assert "verdict minimum 5 -> 3" in out
+    assert "C5: " in out and "[P(supported) where the paper is right, CV 2%:" in out
+    assert not (tmp_path / "new").exists()
+
+
 @pytest.mark.parametrize("slow", [False, True])
 @pytest.mark.parametrize("e2e", [False, True])
 def test_the_two_test_tiers_take_every_test_once(slow: bool, e2e: bool) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from multicard import spec, summarize
+from multicard import spec, stats, summarize
 from tests.helpers import EXPERIMENTS
 
 SPEC = spec.load(EXPERIMENTS / "numa_binding.toml")
@@ -40,7 +40,8 @@ def test_local_helps_but_the_penalty_remains() -> None:
     table = trials(BASE | {("torch", "local", g): [9.0, 9.1, 8.9] for g in (3, 4)})
     finding = summarize.numa_findings(SPEC, table)[0]
     assert finding.answer == "no"  # 12.5 % left under binding: wholly above the 6 % tolerance
-    assert finding.why.endswith("no: layout=nchw, gpus=3 / layout=nchw, gpus=4")
+    assert finding.why.endswith("read at the level the 2 groups share (97.5 %): left in "
+                                "layout=nchw, gpus=3 / layout=nchw, gpus=4, removed in none")
 
 
 def test_a_penalty_left_within_the_tolerance_is_removed_and_one_near_it_is_undecided() -> None:
@@ -48,10 +49,31 @@ def test_a_penalty_left_within_the_tolerance_is_removed_and_one_near_it_is_undec
     assert answers(removed)[0] == "yes"
     near = trials(BASE | {("torch", "local", g): [8.2, 8.8, 8.0] for g in (3, 4)})  # about 4 %
     finding = summarize.numa_findings(SPEC, near)[0]
-    assert finding.answer == "inconclusive" and "inconclusive: " in finding.why
+    assert finding.answer == "inconclusive"
+    assert finding.why.endswith("undecided: layout=nchw, gpus=3 / layout=nchw, gpus=4")
     none_to_remove = trials(BASE | {("torch", "none", g): [8.0, 8.1, 7.9] for g in (3, 4)}
                             | {("torch", "local", g): [8.0, 8.1, 7.9] for g in (3, 4)})
     assert answers(none_to_remove)[0] == "inconclusive"  # no penalty without binding to remove
+
+
+def test_the_penalty_to_remove_is_one_effect_pooled_over_3_and_4_gpus() -> None:
+    # a 3 % penalty without binding that neither GPU count shows alone, both together do
+    slight = {("torch", "none", g): [10.3, 10.1, 10.5] for g in (3, 4)} | {
+        ("dali", "none", g): [10.0, 9.8, 10.2] for g in (3, 4)} | {
+        (loader, "local", g): [10.0, 10.1, 9.9] for loader in ("torch", "dali") for g in (3, 4)}
+    table = trials(slight)
+    alone = [stats.ratio_of_means([10.3, 10.1, 10.5], [10.0, 9.8, 10.2], cross_check=False)]
+    assert alone[0].ci_lo < 1  # one GPU count alone cannot say there is a penalty
+    finding = summarize.numa_findings(SPEC, table)[0]
+    assert finding.answer == "yes", finding.why
+    assert finding.why.startswith("penalty T_torch/T_dali without binding, over 2 group(s): 1.030x")
+
+
+def test_binding_that_removes_the_penalty_at_3_gpus_and_not_at_4_is_mixed() -> None:
+    table = trials(BASE | {("torch", "local", 3): [8.0, 8.1, 7.9], ("torch", "local", 4): [10.0, 10.1, 9.9]})
+    finding = summarize.numa_findings(SPEC, table)[0]
+    assert finding.answer == "mixed"
+    assert "left in layout=nchw, gpus=4, removed in layout=nchw, gpus=3" in finding.why
 
 
 def test_local_does_not_help() -> None:

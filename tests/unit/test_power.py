@@ -14,10 +14,18 @@ from tests.helpers import EXPERIMENTS
 CLAIMS = claims.load(EXPERIMENTS / "claims.toml")
 BY_ID = {c.id: c for c in CLAIMS}
 RUNS, TRIALS, CV, SEED = 100, 5, 0.02, 7
-# the claims with a number of the paper's: a span, a margin, the values of Table 5. C6's trend
-# is qualitative in the paper (its ends, 30 % at 1 GPU and 16 % at 4, are inferred): shown by
-# `claims power`, not held to these rules.
-QUANTITATIVE = ("C1", "C2", "C3", "C5", "C14", "C15")
+# the claims with a number of the paper's: a span, a margin, the values of Table 5, C6's trend
+# between Table 3's ends (30 % at 1 GPU, 16 % at 4: inferred from its span and its words)
+QUANTITATIVE = ("C1", "C2", "C3", "C5", "C6", "C14", "C15")
+# every claim the judge can be simulated on (not C4, C18: trace metrics)
+SIMULATED = tuple(c.id for c in CLAIMS if power.simulable(c))
+
+
+def at_most(share: float, p: float, runs: int) -> bool:
+    """A share of `runs` seeded draws consistent with a rate of at most `p`: within two Monte
+    Carlo standard errors of it (a rate right at p, as a test at its boundary has, would
+    otherwise fail about half its seeds)."""
+    return share <= p + 2 * math.sqrt(p * (1 - p) / runs)
 
 
 def shares(claim: claims.Claim, world: power.World, runs: int = RUNS) -> dict[str, float]:
@@ -26,8 +34,8 @@ def shares(claim: claims.Claim, world: power.World, runs: int = RUNS) -> dict[st
     return found.shares
 
 
-def cases(role: str) -> list[tuple[str, power.World]]:
-    return [(cid, w) for cid in QUANTITATIVE for w in power.worlds(BY_ID[cid]) if w.role == role]
+def cases(role: str, ids: tuple[str, ...] = QUANTITATIVE) -> list[tuple[str, power.World]]:
+    return [(cid, w) for cid in ids for w in power.worlds(BY_ID[cid]) if w.role == role]
 
 
 def case_id(case: tuple[str, power.World]) -> str:
@@ -45,14 +53,44 @@ def test_where_the_paper_is_right_at_its_values_and_span_ends_it_reads_supported
 def test_where_there_is_no_effect_it_reads_contradicted_and_almost_never_supported(
         case: tuple[str, power.World]) -> None:
     cid, world = case
-    found = shares(BY_ID[cid], world)
-    assert found.get("supported", 0) <= 0.025 and found.get("contradicted", 0) >= 0.8
+    # a trend's "no change" sits on its one-sided test's boundary (the change is 0, supported at
+    # 2.5 % by design): more draws tell 2.5 % from more
+    runs = 400 if BY_ID[cid].kind == "shrinks" else RUNS
+    found = shares(BY_ID[cid], world, runs)
+    assert at_most(found.get("supported", 0), 0.025, runs) and found.get("contradicted", 0) >= 0.8, found
+
+
+@pytest.mark.parametrize("case", [c for c in cases("none", SIMULATED) if c[0] not in QUANTITATIVE],
+                         ids=case_id)
+def test_a_qualitative_claim_with_no_effect_reads_contradicted_too(case: tuple[str, power.World]) -> None:
+    # one group's interval wholly short of the claim, read at the level the groups share, is
+    # enough: C19's 17 groups no longer need to contradict it all at once
+    cid, world = case
+    found = shares(BY_ID[cid], world, runs=60)
+    assert found.get("contradicted", 0) >= 0.8, found
+    assert at_most(found.get("supported", 0) + found.get("mixed", 0), 0.025, 60), found
 
 
 @pytest.mark.parametrize("case", cases("half"), ids=case_id)
 def test_half_the_papers_effect_is_not_reproducing_it(case: tuple[str, power.World]) -> None:
     cid, world = case
     assert shares(BY_ID[cid], world).get("supported", 0) <= 0.05
+
+
+def test_the_papers_own_cells_for_c3_are_not_read_as_its_claim() -> None:
+    # 99.20 % vs 97.94 % at 2 GPUs: a 1.26-point loss, outside the one-point margin
+    [own] = [w for w in power.worlds(BY_ID["C3"]) if w.name.startswith("the paper's own values")]
+    assert own.role == "other" and "gpus=2: 1.26 points" in own.name
+    assert at_most(shares(BY_ID["C3"], own).get("supported", 0), 0.025, RUNS)
+
+
+def test_the_papers_per_group_values_are_data_of_the_claims() -> None:
+    [c14] = [w for w in power.worlds(BY_ID["C14"]) if w.name.startswith("the paper's own values")]
+    assert c14.role == "paper"
+    assert [(v.group, v.value) for v in BY_ID["C14"].values] == [
+        ({"gpus": 1}, 0.04), ({"gpus": 2}, 1.57), ({"gpus": 3}, -0.03), ({"gpus": 4}, 3.5)]
+    [loss] = BY_ID["C3"].values
+    assert loss.group == {"gpus": 2} and loss.value == pytest.approx(0.0126)
 
 
 def test_a_claims_half_world_keeps_its_other_parts_where_the_paper_puts_them() -> None:
@@ -67,8 +105,10 @@ def test_a_claims_half_world_keeps_its_other_parts_where_the_paper_puts_them() -
 def test_every_span_claim_has_both_ends_end_to_end_no_effect_and_half_the_effect() -> None:
     for claim in (BY_ID["C1"], BY_ID["C2"], BY_ID["C5"], BY_ID["C15"].parts[0]):
         roles = [w.role for w in power.worlds(claim)]
-        assert roles == ["paper", "paper", "paper", "none", "half"], claim.id
-    assert [w.role for w in power.worlds(BY_ID["C15"])] == ["paper", "none", "half"]
+        # C5 has Table 3's per-GPU ends as well: one more paper-right world, at those values
+        assert roles == ["paper"] * (4 if claim.id == "C5" else 3) + ["none", "half"], claim.id
+    # the whole claim: the paper right in every part, then with its span's other paper-right worlds
+    assert [w.role for w in power.worlds(BY_ID["C15"])] == ["paper", "paper", "paper", "none", "half"]
 
 
 def test_a_tolerance_wide_enough_to_pass_everything_fails_the_half_effect_world() -> None:
@@ -83,16 +123,25 @@ def numa_world(name: str) -> power.World:
 
 @pytest.mark.parametrize(("name", "rule"), [
     ("binding removes a 15 % penalty", lambda s: s.get("supported", 0) >= 0.8),
-    # a real 5 % penalty removed: at the edge of 5 trials' power, but never read as "no"
-    ("binding removes a 5 % penalty", lambda s: s.get("contradicted", 0) <= 0.025
-     and s.get("supported", 0) >= 0.4),
+    ("binding removes a 5 % penalty", lambda s: s.get("supported", 0) >= 0.8
+     and at_most(s.get("contradicted", 0), 0.025, 60)),
     ("binding leaves 5 % of a 15 % penalty", lambda s: s.get("supported", 0) <= 0.05),
     ("a 15 % penalty binding does not change", lambda s: s.get("contradicted", 0) >= 0.8),
-    ("no penalty", lambda s: s.get("supported", 0) <= 0.025 and s.get("contradicted", 0) <= 0.025),
+    # no penalty at all: binding has none to remove, and "yes" errs only where the pooled
+    # interval leaves 1 by chance (2.5 % at most): 200 draws tell that from more
+    ("no penalty", lambda s: at_most(s.get("supported", 0), 0.025, 200)
+     and at_most(s.get("contradicted", 0), 0.025, 200)),
 ])
 def test_the_numa_part_tests_what_it_says(name: str, rule: object) -> None:
-    found = shares(BY_ID["C10"].parts[1], numa_world(name), runs=60)
+    found = shares(BY_ID["C10"].parts[1], numa_world(name), runs=200 if name == "no penalty" else 60)
     assert rule(found), found  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("world", [w for w in power.worlds(BY_ID["C10"]) if w.role == "paper"],
+                         ids=lambda w: w.name)
+def test_c10_whole_reads_supported_where_binding_removes_a_15_or_a_5_percent_penalty(
+        world: power.World) -> None:
+    assert shares(BY_ID["C10"], world, runs=60).get("supported", 0) >= 0.8
 
 
 @pytest.mark.parametrize("cid", ["C13", "C17"])

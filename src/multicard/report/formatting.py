@@ -96,6 +96,8 @@ def with_ci(value: float, lo: float, hi: float, formatter: Callable[[float], str
 def paper_values(values: dict[str, Any]) -> str:
     parts = []
     for key, value in values.items():
+        if key == "inferred":  # said once, after the values
+            continue
         if key == "outcome":
             parts.append("runs" if value == "runs" else "fails to run")
             continue
@@ -110,7 +112,7 @@ def paper_values(values: dict[str, Any]) -> str:
             continue
         name = {"speedup_x": "speed-up"}.get(key, key.removesuffix("_pct").replace("_", " "))
         parts.append(f"{name} {text}{unit}")
-    return "; ".join(parts)
+    return "; ".join(parts) + (" (inferred)" if parts and values.get("inferred") else "")
 
 
 # The paper's Nsight metrics (docs/paper.md section 5) -> trace summary keys. "CUDA memcpy HtoD" is the
