@@ -49,6 +49,7 @@ out of a comparison and named.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import tomllib
@@ -158,6 +159,19 @@ class Results:
     trials: pd.DataFrame  # ok timing trials with every metric of the workload
     traces: pd.DataFrame  # ok traced trials, trace metrics per rank (summarize.trace_trials)
     records: list[dict[str, Any]]
+
+    @functools.cached_property
+    def attempts(self) -> tuple[tuple[dict[str, Any], dict[str, Any]], ...]:
+        """(settings, record) of every attempt of this experiment that ended (not skipped, not
+        interrupted): read once, matched per group and arm."""
+        return tuple(({**self.spec.fixed, **r["config"]}, r) for r in self.records
+                     if r.get("experiment") == self.spec.name
+                     and r["status"] not in ("skipped", "interrupted"))
+
+    @functools.cached_property
+    def statuses(self) -> frozenset[str]:
+        """How its attempts ended: with only "ok", no group lost an attempt (most runs)."""
+        return frozenset(r["status"] for _, r in self.attempts)
 
 
 def results_of(spec: Spec, records: list[dict[str, Any]]) -> Results:
@@ -579,10 +593,9 @@ def _group(claim: Claim, label: str, a: list[float], b: list[float], minimum: in
 def _arm_attempts(claim: Claim, run: Results, group: Mapping[str, Any], arm: Mapping[str, Any],
                   traced: bool) -> list[dict[str, Any]]:
     """The records of the attempts (not skipped, not interrupted) of one arm of one group."""
-    return [r for r in run.records if r.get("experiment") == run.spec.name
-            and (r.get("trace", "none") != "none") == traced
-            and r["status"] not in ("skipped", "interrupted")
-            and matches({**run.spec.fixed, **r["config"]}, {**group, **arm, **claim.where})]
+    wanted = {**group, **arm, **claim.where}
+    return [r for settings, r in run.attempts
+            if (r.get("trace", "none") != "none") == traced and matches(settings, wanted)]
 
 
 def _resource_outcome(claim: Claim, run: Results, group: Mapping[str, Any], traced: bool,
@@ -602,13 +615,16 @@ def _resource_outcome(claim: Claim, run: Results, group: Mapping[str, Any], trac
 def _timed_out(claim: Claim, run: Results, group: Mapping[str, Any], traced: bool) -> bool:
     """Whether an arm of the group has an attempt that ran past its timeout: a value censored
     at `timeout_s`, which the ok trials' mean would leave out (the slowest, dropped)."""
-    return any(r["status"] == "timeout" for arm in (claim.against, claim.compare)
-               for r in _arm_attempts(claim, run, group, arm, traced))
+    return "timeout" in run.statuses and any(
+        r["status"] == "timeout" for arm in (claim.against, claim.compare)
+        for r in _arm_attempts(claim, run, group, arm, traced))
 
 
 def _attempt_notes(claim: Claim, run: Results, group: Mapping[str, Any], traced: bool) -> list[str]:
     """"precision=fp64: 2 of 5 attempts timed out" for each arm of a group that lost attempts."""
-    notes = []
+    notes: list[str] = []
+    if run.statuses <= {"ok"}:
+        return notes
     for arm in (claim.against, claim.compare):
         statuses = [r["status"] for r in _arm_attempts(claim, run, group, arm, traced)]
         bad = [s for s in statuses if s != "ok"]
@@ -936,8 +952,8 @@ def _numa(claim: Claim, runs: list[Results]) -> Verdict:
     decide (too few ok trials, none, a timed-out attempt). Several runs that answer share the
     level the same way (`groups`)."""
     answering = [r for r in runs if summarize.answers_penalty(r.spec)]
-    answers = [summarize.numa_findings(r.spec, r.trials, tolerance_of(claim), r.records)[0]
-               for r in answering]
+    answers = [summarize.penalty_finding(r.spec, r.trials, tolerance_of(claim), r.records,
+                                         with_evidence=False) for r in answering]
     said = [(f.answer, f.why) for f in answers if f.answer != "not run"]
     if not said:
         return Verdict(claim, "not run", "no 3-4 GPU trials of both loaders under both none and local")

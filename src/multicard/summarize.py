@@ -542,14 +542,14 @@ def _penalty_groups(spec: Spec, trials: pd.DataFrame) -> dict[str, Arms]:
         return {}
     frame = trials[trials["gpus"].isin(PENALTY_GPUS) & trials["numa_policy"].isin(["none", "local"])]
     others = [k for k in spec.grid if k not in ("loader", "numa_policy") and k in frame]
-    found = {}
-    for keys, group in (frame.groupby(others, sort=False) if others else [((), frame)]):
-        keys = keys if isinstance(keys, tuple) else (keys,)
-        arms = {policy: tuple(group.loc[(group["loader"] == loader) & (group["numa_policy"] == policy),
-                                        "train_time_s"].dropna().tolist() for loader in ("torch", "dali"))
+    values = {keys: group["train_time_s"].dropna().tolist()
+              for keys, group in frame.groupby([*others, "loader", "numa_policy"], sort=False)}
+    found: dict[str, Arms] = {}
+    for keys in dict.fromkeys(k[:-2] for k in values):
+        arms = {policy: tuple(values.get((*keys, loader, policy), []) for loader in ("torch", "dali"))
                 for policy in ("none", "local")}
         if all(a and b for a, b in arms.values()):
-            found[", ".join(f"{k}={v}" for k, v in zip(others, keys, strict=True))] = arms
+            found[", ".join(f"{k}={v}" for k, v in zip(others, keys, strict=True))] = arms  # type: ignore[assignment]
     return found
 
 
@@ -580,16 +580,9 @@ def _penalty_why(unbound: stats.Difference, bound: dict[str, stats.Difference], 
 
 def numa_findings(spec: Spec, trials: pd.DataFrame, tolerance: float = PENALTY_TOLERANCE,
                   records: list[dict[str, Any]] | None = None) -> list[Finding]:
-    """The three questions of the NUMA test, answered from confidence intervals.
+    """The questions of the NUMA test, answered from confidence intervals.
 
-    1. Does `local` remove the DataLoader's 3-4 GPU penalty? The penalty is T_torch / T_dali under
-       one policy (removes_penalty): `yes` when, at 3-4 GPUs, it is there without binding (the
-       interval pooled over the groups above 1) and within `tolerance` of 1 under local in every
-       group (each interval below 1 + tolerance); `no` only where a penalty wholly above the
-       tolerance remains under local; `inconclusive` otherwise, with why, and where a config it
-       reads cannot decide (held_penalty_configs, where `records` are given: too few ok trials,
-       none, a timed-out attempt); `not run` without 3-4 GPU trials of both loaders under both
-       policies.
+    1. Does `local` remove the DataLoader's 3-4 GPU penalty? (penalty_finding)
     2. Does `remote` create a penalty? `yes` when remote is slower than none (CI below 1) for the
        DataLoader at some GPU count.
     3. Which control explains what is left? Every control (page cache, persistent workers,
@@ -598,12 +591,6 @@ def numa_findings(spec: Spec, trials: pd.DataFrame, tolerance: float = PENALTY_T
     """
     gpus = spec.grid.get("gpus", [spec.fixed.get("gpus")])
     policy = effects(spec, trials, "numa_policy", "none", "train_time_s")
-    pauses = effects(spec, trials, "numa_policy", "none", "first_batch_latency_s")
-    penalty = effects(spec, trials, "loader", "torch", "train_time_s")
-    removes, why = removes_penalty(spec, trials, tolerance)
-    held = held_penalty_configs(spec, trials, records) if records is not None and removes != "not run" else ""
-    if held:
-        removes, why = "inconclusive", f"not every config it reads can decide: {held}"
     remote = _select(policy, gpus, numa_policy="remote")
     creates = "not run" if remote.empty else ("yes" if (remote["ci"] == "below").any() else "no")
     tried = [effects(spec, trials, factor, base, metric) for factor, base in CONTROLS
@@ -612,17 +599,43 @@ def numa_findings(spec: Spec, trials: pd.DataFrame, tolerance: float = PENALTY_T
     controls = pd.concat(tried, ignore_index=True) if tried else pd.DataFrame()
     significant = controls[controls["ci"].isin(["above", "below"])] if tried else controls
     explains = "not run" if not tried else ", ".join(sorted(set(significant["factor"]))) or "none"
-    # The evidence shows every GPU count the run has; the answers read only 3-4 GPUs.
-    local_evidence = [t for t in (_select(policy, gpus, numa_policy="local"),
-                                  _select(penalty, gpus, numa_policy=["none", "local"], loader="dali"),
-                                  _select(pauses, gpus, numa_policy="local")) if not t.empty]
     return [
-        Finding("Does `local` remove the DataLoader's 3-4 GPU penalty?", removes,
-                pd.concat(local_evidence, ignore_index=True) if local_evidence else pd.DataFrame(), why),
+        penalty_finding(spec, trials, tolerance, records, policy),
         Finding("Does `remote` create a penalty?", creates, remote),
         Finding("Which control explains what is left?", explains, controls),
         torchrun_finding(spec, trials, gpus),
     ]
+
+
+def penalty_finding(spec: Spec, trials: pd.DataFrame, tolerance: float = PENALTY_TOLERANCE,
+                    records: list[dict[str, Any]] | None = None,
+                    policy: pd.DataFrame | None = None, with_evidence: bool = True) -> Finding:
+    """Does `local` remove the DataLoader's 3-4 GPU penalty? The penalty is T_torch / T_dali under
+    one policy (removes_penalty): `yes` when, at 3-4 GPUs, it is there without binding (the
+    interval pooled over the groups above 1) and within `tolerance` of 1 under local in every
+    group (each interval below 1 + tolerance); `no` only where a penalty wholly above the
+    tolerance remains under local; `inconclusive` otherwise, with why, and where a config it
+    reads cannot decide (held_penalty_configs, where `records` are given: too few ok trials,
+    none, a timed-out attempt); `not run` without 3-4 GPU trials of both loaders under both
+    policies. The evidence (`with_evidence`): every GPU count's ratios (the answer reads only
+    3-4 GPUs)."""
+    removes, why = removes_penalty(spec, trials, tolerance)
+    held = held_penalty_configs(spec, trials, records) if records is not None and removes != "not run" else ""
+    if held:
+        removes, why = "inconclusive", f"not every config it reads can decide: {held}"
+    question = "Does `local` remove the DataLoader's 3-4 GPU penalty?"
+    if not with_evidence:
+        return Finding(question, removes, pd.DataFrame(), why)
+    gpus = spec.grid.get("gpus", [spec.fixed.get("gpus")])
+    if policy is None:
+        policy = effects(spec, trials, "numa_policy", "none", "train_time_s")
+    pauses = effects(spec, trials, "numa_policy", "none", "first_batch_latency_s")
+    penalty = effects(spec, trials, "loader", "torch", "train_time_s")
+    evidence = [t for t in (_select(policy, gpus, numa_policy="local"),
+                            _select(penalty, gpus, numa_policy=["none", "local"], loader="dali"),
+                            _select(pauses, gpus, numa_policy="local")) if not t.empty]
+    return Finding(question, removes, pd.concat(evidence, ignore_index=True) if evidence else pd.DataFrame(),
+                   why)
 
 
 def torchrun_finding(spec: Spec, trials: pd.DataFrame, gpus: Iterable[int]) -> Finding:
