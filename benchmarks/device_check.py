@@ -2,41 +2,51 @@
 
     PYTHONPATH=src python3 benchmarks/device_check.py --dry-run     # the plan and its estimate
     PYTHONPATH=src python3 benchmarks/device_check.py               # one GPU, under 8 minutes
+    PYTHONPATH=src python3 benchmarks/device_check.py --out DIR     # again: continue where it stopped
     PYTHONPATH=src python3 benchmarks/device_check.py --device cpu  # the same on CPU, tiny sizes
     nox -s device-check -- [ARGS]                                   # the same through nox
 
-It exits 0 when every part ran and every check held, 1 otherwise, 2 on bad input. It needs only
-Python, torch, torchvision and multicard's light dependencies (pandas, tabulate,
-matplotlib, filelock, nvidia-ml-py, tomli-w): no nox, DALI, torchtune or network. It writes
+Exit status: 0 every part ran and every check held; 1 a check or a trial failed; 2 bad input; 3
+nothing failed, but parts were left for the budget (run it again with the same --out to finish).
+It needs only Python, torch, torchvision and multicard's light dependencies (pandas, tabulate,
+matplotlib, scipy, filelock, nvidia-ml-py, tomli-w): no nox, DALI, torchtune or network. It writes
 `artifact/runs/<N>x<gpu-model>-device-check-<UTC>/` (`cpu-device-check-<UTC>` on CPU): one run
-directory per part below, `env.json`, REPORT.md, `tables/`, `device_check.json` and SHA256SUMS.
+directory per part below, `plain_loop/`, `env.json`, `device_check.json`, `tables/`, SHA256SUMS
+after every part, and REPORT.md with figures once every part has run.
 
-Parts (1 GPU, Scenario A at 100 px, 2 epochs of 50 steps, trials interleaved within a part), in
-the order they run, after the reference loops below:
-- layout x loader: nchw / nhwc x torch / synthetic at fp16, 2 trials each;
-- precision: fp64 / fp32 / tf32 / fp16 / bf16, 3 trials each, TF32 flags read back and TF32
-  measured (the error of an fp32 matmul and convolution against float64);
-- pin_memory: off / on at fp16, 2 trials each;
-- nsys: one traced fp32 trial, captured and parsed, where `nsys` is on PATH;
+Parts, 1 GPU, Scenario A at 100 px, in the order they run:
+- harness: the harness against a plain loop, like for like: 3 rounds, each a harness trial (fp16,
+  nhwc, the synthetic loader's resident batch) and then one plain-loop process
+  (benchmarks/plain_loop.py: the same step, warm-up and steps, in a one-rank DDP and bare, their
+  order alternating round by round); every timed window at least WINDOW_S;
+- precision: fp64 / fp32 / tf32 / fp16 / bf16, 1 trial each (2 epochs of 50 steps, the DataLoader),
+  TF32 flags read back and TF32 measured (an fp32 matmul and convolution against float64);
+- pin_memory: off / on at fp16, 1 trial each;
+- nsys: the precision part's fp32 trial once more, traced, captured and parsed, where `nsys` is on
+  PATH: what tracing costs (traced / untraced time);
 - nccl: one 2-rank trial, where two GPUs are visible.
-A part that would end past `--budget-s` (8 minutes; the time per trial measured so far once a
-part has run, the cost model before) is skipped and named. After every part the run is reported
-and checksummed, so a run cut short is still verifiable. The checks: CUDA-event step times
-against the host's clock over the same spans (within 5 %), every precision's TF32 as set, and the
-harness against a plain loop: the same MobileNetV2 fp16 channels_last training step with no
-harness, no DDP and no loader (and, where `timm` imports, timm's mobilenetv2_100 in the step
-timm's `benchmark.py` times), printed as `multicard / plain loop` and `multicard / timm` images/s.
+A part that would end past `--budget-s` (8 minutes) is left for the next call and named, not
+failed; its estimate learns from the trials already run (the planner's calibration: measured
+rates per setting, and the guessed cost model scaled by what the run has measured of it).
+The checks: CUDA-event step times against the host's clock over the same spans (within 5 %),
+every precision's TF32 as set, the harness not slower than the plain loop by more than
+PLAIN_LOOP_TOLERANCE (its interval wholly below), every timed window of the comparison at least
+WINDOW_S.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import re
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:  # a bare checkout: no install needed
     sys.path.insert(0, str(ROOT / "src"))
 
-from multicard import artifact, cost, report, runner, store, telemetry  # noqa: E402
+from multicard import artifact, calibrate, cost, launch, params, report, runner, stats, store, telemetry  # noqa: E402
 from multicard import spec as specmod  # noqa: E402
 from multicard.errors import InputError  # noqa: E402
 from multicard.precision import PRECISIONS  # noqa: E402
@@ -54,6 +64,16 @@ from multicard.stopping import GATE, Interrupted, stop_on_signals  # noqa: E402
 
 TARGET_S = 8 * 60
 STEP_CLOCK_TOLERANCE = 0.05
+# The harness may cost this much of a plain loop's images/s before the check fails: its loader's
+# epochs, the step clock and the meters are not free, but more would be a harness problem.
+PLAIN_LOOP_TOLERANCE = 0.10
+# Each timed window of the comparison lasts at least this long: a GPU's clocks settle, and
+# NVML's energy counter resolves it (energy.MIN_COUNTER_WINDOW_S). A CPU run checks the path only.
+WINDOW_S = {"cuda": 10.0, "cpu": 2.0}
+ROUNDS = 3  # harness trials and plain-loop processes of the comparison, interleaved
+# a plain-loop process's start (imports, CUDA, a one-rank group, the models): guessed
+PLAIN_LOOP_START_S = {"cuda": 15.0, "cpu": 5.0}
+PLAIN_LOOP = ROOT / "benchmarks" / "plain_loop.py"
 SIZES: dict[str, dict[str, Any]] = {
     "cuda": {"device": "cuda", "image_size": 100, "epochs": 2, "max_steps": 50, "batch_size": 64,
              "num_workers": 4, "test_subset": 2000, "cast": "host"},
@@ -63,25 +83,31 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 # The harness comparison runs in fp16 on GPUs; CPUs have no fast fp16, so bf16 there.
 COMPARED_PRECISION = {"cuda": "fp16", "cpu": "bf16"}
-PLAIN_LOOP_STEPS = {"cuda": (20, 100), "cpu": (2, 8)}  # (warm-up, timed)
-PLAIN_LOOP_ESTIMATE_S = {"cuda": 40.0, "cpu": 30.0}
+
+
+def window_steps(device: str) -> int:
+    """max_steps per epoch of the comparison: its epochs' steps take at least WINDOW_S by the
+    cost model."""
+    settings = params.resolve("vision", {**SIZES[device], "precision": COMPARED_PRECISION[device],
+                                         "layout": "nhwc", "loader": "synthetic"})
+    return math.ceil(WINDOW_S[device] / (int(settings["epochs"]) * cost.vision_step_seconds(settings)))
 
 
 def parts(device: str, gpus: int, with_nsys: bool, trials: int | None = None) -> dict[str, dict[str, Any]]:
     """name -> experiment document (the spec format of experiments/*.toml); `trials` overrides
-    every part's trial count (3 per precision, 2 per config elsewhere)."""
+    every part's trial count (the comparison's rounds: ROUNDS; one per config elsewhere)."""
     fast = COMPARED_PRECISION[device]
-    found = {  # in the order they run: the harness comparison first
-        "layout_loader": ({"precision": fast}, {"layout": ["nchw", "nhwc"],
-                                                "loader": ["torch", "synthetic"]},
-                          {"layout": "nchw", "loader": "torch"}, {"count": trials or 2}),
+    found = {  # in the order they run: the comparison first, the reason this check exists
+        "harness": ({"layout": "nhwc", "loader": "synthetic", "max_steps": window_steps(device)},
+                    {"precision": [fast]}, {}, {"count": trials or ROUNDS}),
         "precision": ({}, {"precision": ["fp64", "fp32", "tf32", "fp16", "bf16"]},
-                      {"precision": "fp64"}, {"count": trials or 3}),
+                      {"precision": "fp64"}, {"count": trials or 1}),
         "pin_memory": ({"precision": fast}, {"pin_memory": [False, True]}, {"pin_memory": False},
-                       {"count": trials or 2}),
+                       {"count": trials or 1}),
     }
-    if with_nsys:
-        found["nsys"] = ({}, {"precision": ["fp32"]}, {}, {"count": 1, "trace": "nsys"})
+    if with_nsys:  # the precision part's fp32 config, traced: what tracing costs
+        found["nsys"] = ({}, {"precision": ["fp32"]}, {}, {"count": 1, "trace": "nsys",
+                                                           "trace_trials": "first"})
     if gpus >= 2:
         found["nccl"] = ({"precision": fast}, {"gpus": [2]}, {}, {"count": 1})
     return {name: _document(name, device, *part) for name, part in found.items()}
@@ -107,11 +133,190 @@ def specs(documents: dict[str, dict[str, Any]], where: Path) -> dict[str, specmo
             for name, doc in documents.items()}
 
 
-def estimate_s(plan: dict[str, specmod.Spec], device: str) -> dict[str, float]:
-    seconds = {name: sum(cost.trial_seconds("vision", p.params) for p in specmod.plan(s))
-               for name, s in plan.items()}
-    seconds["plain loop (+ timm)"] = PLAIN_LOOP_ESTIMATE_S[device]
+# --- what has run, and what the rest will take -------------------------------------------------
+
+def records_of(out: Path, name: str) -> list[dict[str, Any]]:
+    return store.read(out / name / store.TRIALS_FILE)
+
+
+def pending(s: specmod.Spec, records: list[dict[str, Any]]) -> list[specmod.PlannedTrial]:
+    """The planned trials without a final record (ok, timed out, or skipped here): what a
+    resume still runs."""
+    final = {(r["config_id"], r["trial"], r.get("trace", "none")) for r in records
+             if r.get("status") in ("ok", "timeout", "skipped")}
+    return [p for p in specmod.plan(s) if p.key not in final]
+
+
+def plain_rounds_left(out: Path, rounds: int) -> list[int]:
+    return [t for t in range(rounds) if not (out / "plain_loop" / f"round-{t}.json").is_file()]
+
+
+@dataclass
+class Learned:
+    """What the trials run so far say of the rest: the planner's measured rates per setting
+    (calibrate.fit), the guessed cost model scaled by what it measured of it, and a plain-loop
+    process's seconds."""
+
+    rates: dict[str, calibrate.Rate] = field(default_factory=dict)
+    scale: float = 1.0  # measured wall / the cost model's guess, over the trials run
+    plain_s: float | None = None
+    trials: int = 0
+
+    def trial_s(self, p: specmod.PlannedTrial) -> float:
+        found = calibrate.estimate("vision", p.params, self.rates, p.trace)
+        return found.seconds if found.how == "measured" else self.scale * found.seconds
+
+
+def learn(out: Path, plan: dict[str, specmod.Spec]) -> Learned:
+    rates: dict[str, calibrate.Rate] = {}
+    guessed = measured = 0.0
+    trials = 0
+    for name, s in plan.items():
+        by_config = {cid: settings for cid, _, settings in specmod.configs(s)}
+        done = [(by_config[r["config_id"]], r) for r in records_of(out, name)
+                if r.get("config_id") in by_config and r.get("status") == "ok"]
+        rates |= calibrate.fit("vision", [(name, done)])
+        for settings, record in done:
+            guessed += cost.trial_seconds("vision", settings)
+            measured += float(record.get("wall_s") or 0.0)
+            trials += 1
+    walls = [json.loads(p.read_text())["process_wall_s"] for p in (out / "plain_loop").glob("round-*.json")] \
+        if (out / "plain_loop").is_dir() else []
+    return Learned(rates, measured / guessed if guessed and measured else 1.0,
+                   statistics.fmean(walls) if walls else None, trials)
+
+
+def plain_loop_guess_s(s: specmod.Spec, device: str, loops: int = 2) -> float:
+    """A plain-loop process by the cost model: its start, then each loop's warm-up and steps."""
+    settings = specmod.plan(s)[0].params
+    steps = int(settings["epochs"]) * int(settings["max_steps"]) + int(settings["warmup_steps"])
+    return PLAIN_LOOP_START_S[device] + loops * steps * cost.vision_step_seconds(settings)
+
+
+def part_seconds(name: str, s: specmod.Spec, out: Path, learned: Learned, device: str) -> float:
+    """What is left of a part, by what the run has learned (the model's guess before)."""
+    seconds = sum(learned.trial_s(p) for p in pending(s, records_of(out, name)))
+    if name == "harness":
+        rounds = len(plain_rounds_left(out, s.trials))
+        per_round = learned.plain_s if learned.plain_s is not None \
+            else learned.scale * plain_loop_guess_s(s, device)
+        seconds += rounds * per_round
     return seconds
+
+
+def print_plan(plan: dict[str, specmod.Spec], out: Path, learned: Learned, device: str,
+               echo: Callable[[str], None]) -> float:
+    total = 0.0
+    for name, s in plan.items():
+        seconds = part_seconds(name, s, out, learned, device)
+        left = len(pending(s, records_of(out, name)))
+        rounds = len(plain_rounds_left(out, s.trials))
+        extra = f" + {rounds} plain-loop process(es)" if name == "harness" else ""
+        echo(f"{name}: {left} of {len(specmod.plan(s))} trials left{extra}, estimated "
+             f"{runner.format_duration(seconds)}")
+        total += seconds
+    verdict = "within" if total <= TARGET_S else "OVER"
+    how = (f"learned from {learned.trials} trial(s) run" if learned.trials
+           else "the cost model's guesses, multicard.cost")
+    echo(f"total: estimated {runner.format_duration(total)} ({verdict} the "
+         f"{runner.format_duration(TARGET_S)} target; {how})")
+    return total
+
+
+# --- the comparison: harness trials and plain-loop processes, interleaved -----------------------
+
+def run_comparison(s: specmod.Spec, out: Path, device: str, echo: Callable[[str], None]) -> None:
+    """Round by round: a plain-loop process (its loops' order alternating), then the harness's
+    next trial (a resume of the part), each skipped where a call before ran it. The first plain
+    loop picks the steps that fill WINDOW_S on this machine (the cost model only guesses them),
+    and every harness trial and later loop takes them."""
+    for t in range(s.trials):
+        order = ("ddp", "bare") if t % 2 == 0 else ("bare", "ddp")
+        if t in plain_rounds_left(out, s.trials):
+            run_plain_loop(comparison_spec(s, out), out / "plain_loop" / f"round-{t}.json", order,
+                           WINDOW_S[device] if t == 0 else None)
+        measured = comparison_spec(s, out)
+        if any(p.trial == t for p in pending(measured, records_of(out, "harness"))):
+            runner.run(measured, out / "harness", trials=t + 1, data_dir=ROOT / "data", echo=echo)
+        GATE.check()
+
+
+def as_run(plan: dict[str, specmod.Spec], out: Path) -> dict[str, specmod.Spec]:
+    """The plan with the harness part's steps as its first plain loop picked them (where it ran):
+    its records are of that spec."""
+    return {name: comparison_spec(s, out) if name == "harness" else s for name, s in plan.items()}
+
+
+def comparison_spec(s: specmod.Spec, out: Path) -> specmod.Spec:
+    """The harness part with the steps the first plain loop picked (its planned steps before)."""
+    first = out / "plain_loop" / "round-0.json"
+    if not first.is_file():
+        return s
+    steps = int(json.loads(first.read_text())["max_steps"])
+    return specmod.from_document(specmod.to_document(s) | {"fixed": {**s.fixed, "max_steps": steps}}, s.path)
+
+
+def run_plain_loop(s: specmod.Spec, path: Path, order: tuple[str, ...], window_s: float | None) -> None:
+    settings = specmod.plan(s)[0].params
+    loops = ",".join([*order, "timm"])  # timm's where it imports (it says so where not)
+    argv = [sys.executable, str(PLAIN_LOOP), "--out", str(path), "--order", loops,
+            *(["--window-s", str(window_s)] if window_s is not None else []), "--",
+            *params.to_flags({k: v for k, v in settings.items() if k in params.VISION}),
+            "--data-dir", str(ROOT / "data")]
+    device = str(settings["device"])
+    # the environment of a one-rank harness trial: the same threads, spin count and dropped
+    # TF32 overrides
+    env = launch.trial_env({**os.environ, **launch.cpu_trial_env(device, os.environ)}, 1,
+                           launch.allocated_cpus())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    artifact.write_text_atomic(path.parent / f"{path.stem}.log", done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"the plain loop failed (exit {done.returncode}); see {path.stem}.log: "
+                           f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+
+
+def plain_loop_results(out: Path) -> dict[str, list[float]]:
+    """images/s of each loop over the rounds run, and their windows."""
+    found: dict[str, list[float]] = {}
+    for path in sorted((out / "plain_loop").glob("round-*.json")) if (out / "plain_loop").is_dir() else []:
+        for name, loop in json.loads(path.read_text())["loops"].items():
+            if loop.get("images_s"):
+                found.setdefault(f"{name}_images_s", []).append(float(loop["images_s"]))
+                found.setdefault("windows_s", []).append(float(loop["window_s"]))
+    return found
+
+
+def comparison(out: Path, device: str) -> dict[str, Any]:
+    """The harness against the plain loops: ratios of their mean images/s, with Welch's interval
+    on log values where each has two rounds or more, and the shortest timed window."""
+    harness = [r["metrics"]["throughput_samples_s"] for r in records_of(out, "harness")
+               if r["status"] == "ok" and r["metrics"].get("throughput_samples_s")]
+    windows = [r["metrics"]["train_time_s"] for r in records_of(out, "harness") if r["status"] == "ok"]
+    loops = plain_loop_results(out)
+    found: dict[str, Any] = {"rounds": len(harness), "multicard_images_s": _mean(harness),
+                             **{k: _mean(v) for k, v in loops.items() if k != "windows_s"}}
+    for name, over in (("multicard / plain loop", "ddp_images_s"),
+                       ("plain loop / bare loop", "bare_images_s"),
+                       ("multicard / timm", "timm_images_s")):
+        top = harness if name.startswith("multicard") else loops.get("ddp_images_s", [])
+        found[name] = _ratio(top, loops.get(over, []))
+    shortest = min([*windows, *loops.get("windows_s", [])], default=None)
+    found["shortest_window_s"] = shortest
+    found["windows_long_enough"] = shortest is not None and shortest >= WINDOW_S[device]
+    return found
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _ratio(top: list[float], bottom: list[float]) -> dict[str, Any] | None:
+    """mean(top) / mean(bottom) as a ratio of geometric means with its 95 % interval."""
+    if not top or not bottom:
+        return None
+    r = stats.ratio_of_means(top, bottom, cross_check=False)
+    return {"ratio": r.value, "ci_lo": r.ci_lo, "ci_hi": r.ci_hi, "n": [len(top), len(bottom)]}
 
 
 # --- the checks, on finished runs (pure: records and result.json in, numbers out) ---------------
@@ -142,9 +347,10 @@ def trial_checks(run_dir: Path, part: str) -> list[dict[str, Any]]:
                "trace": record.get("trace", "none"), "status": record["status"]}
         if record["status"] == "ok":
             result = json.loads((run_dir / f"raw/{trial_dir_name(record)}/result.json").read_text())
+            precision = str(record["config"].get("precision", result.get("precision", "")))
             row["step_clock_vs_wall"] = step_clock_agreement(result)
-            row["tf32_as_set"] = tf32_as_set(str(record["config"].get(
-                "precision", result.get("precision", ""))), result) if part == "precision" else None
+            row["tf32_as_set"] = tf32_as_set(precision, result)
+            row["train_time_s"] = record["metrics"].get("train_time_s")
             row["energy_per_sample_j"] = record["metrics"].get("energy_per_sample_j")
             row["energy_reason"] = record.get("unmeasured", {}).get("energy_per_sample_j")
             if record.get("trace_metrics"):
@@ -160,79 +366,13 @@ def trial_dir_name(record: dict[str, Any]) -> str:
             + f"-a{record['attempt']}")
 
 
-def mean_throughput(run_dir: Path, config: dict[str, Any]) -> float | None:
-    values = [r["metrics"]["throughput_samples_s"] for r in store.read(run_dir / store.TRIALS_FILE)
-              if r["status"] == "ok" and r.get("trace", "none") == "none"
-              and all(r["config"].get(k) == v for k, v in config.items())]
-    return statistics.fmean(values) if values else None
+def tracing_cost(rows: list[dict[str, Any]]) -> float | None:
+    """The nsys-traced fp32 trial's training time over the untraced one's (the same settings)."""
+    traced = [r["train_time_s"] for r in rows if r["part"] == "nsys" and r.get("train_time_s")]
+    plain = [r["train_time_s"] for r in rows if r["part"] == "precision" and r.get("precision") == "fp32"
+             and r.get("train_time_s")]
+    return statistics.fmean(traced) / statistics.fmean(plain) if traced and plain else None
 
-
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    return numerator / denominator if numerator and denominator else None
-
-
-# --- the reference loops -----------------------------------------------------------------------
-
-def reference_step_images_per_s(make_model: Callable[[], Any], device: str, precision: str,
-                                image_size: int, batch: int, warmup: int, steps: int) -> float:
-    """Images/s of a bare training step: one resident channels_last batch, SGD with momentum,
-    autocast (+ GradScaler for fp16), no DDP, no loader, no clocks but the two around the loop."""
-    import torch
-    import torch.nn.functional as F
-
-    dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]
-    model = make_model().to(dev).to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9, weight_decay=4e-5)
-    scaler = torch.amp.GradScaler(dev.type, enabled=precision == "fp16")
-    images = torch.randn(batch, 3, image_size, image_size, device=dev, dtype=dtype)
-    images = images.contiguous(memory_format=torch.channels_last)
-    labels = torch.randint(0, 10, (batch,), device=dev)
-
-    def step() -> None:
-        with torch.autocast(dev.type, dtype=dtype):
-            loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-
-    for _ in range(warmup):
-        step()
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)  # sync point: the loop's queued GPU work is in the time
-    return steps * batch / (time.perf_counter() - start)
-
-
-def reference_loops(device: str, settings: dict[str, Any]) -> dict[str, Any]:
-    import torchvision
-
-    warmup, steps = PLAIN_LOOP_STEPS[device]
-    precision = COMPARED_PRECISION[device]
-    size, batch = int(settings["image_size"]), int(settings["batch_size"])
-    found: dict[str, Any] = {"precision": precision, "image_size": size, "batch_size": batch,
-                             "steps": steps, "warmup_steps": warmup}
-    found["plain_loop_images_s"] = reference_step_images_per_s(
-        lambda: torchvision.models.mobilenet_v2(num_classes=10), device, precision, size, batch,
-        warmup, steps)
-    try:
-        import timm
-    except ImportError as exc:
-        found["timm_images_s"], found["timm_unavailable"] = None, f"timm does not import: {exc}"
-        return found
-    found["timm_version"] = timm.__version__
-    found["timm_images_s"] = reference_step_images_per_s(
-        lambda: timm.create_model("mobilenetv2_100", num_classes=10), device, precision, size,
-        batch, warmup, steps)
-    return found
-
-
-# --- the run ------------------------------------------------------------------------------------
 
 def run_name(device: str, gpus: list[Any]) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -242,39 +382,41 @@ def run_name(device: str, gpus: list[Any]) -> str:
     return f"{len(gpus)}x{model}-device-check-{stamp}"
 
 
-def print_plan(plan: dict[str, specmod.Spec], seconds: dict[str, float], echo: Callable[[str], None]) -> None:
-    for name, s in plan.items():
-        echo(f"{name}: {len(specmod.plan(s))} trials, estimated {runner.format_duration(seconds[name])}")
-    echo(f"plain loop (+ timm): estimated {runner.format_duration(seconds['plain loop (+ timm)'])}")
-    total = sum(seconds.values())
-    verdict = "within" if total <= TARGET_S else "OVER"
-    echo(f"total: estimated {runner.format_duration(total)} ({verdict} the "
-         f"{runner.format_duration(TARGET_S)} target; estimates from multicard.cost)")
-
-
-def summarize_checks(rows: list[dict[str, Any]], loops: dict[str, Any],
-                     multicard_images_s: float | None) -> dict[str, Any]:
+def summarize_checks(rows: list[dict[str, Any]], compared: dict[str, Any], device: str) -> dict[str, Any]:
     agreement = [r["step_clock_vs_wall"] for r in rows if "step_clock_vs_wall" in r]
     tf32 = [r["tf32_as_set"] for r in rows if r.get("tf32_as_set") is not None]
+    ratio = compared.get("multicard / plain loop")
     return {
         "trials": len(rows), "ok": sum(r["status"] == "ok" for r in rows),
         "not_ok": [r for r in rows if r["status"] not in ("ok", "skipped")],
         "step_clock_vs_wall_max": max(agreement) if agreement else None,
         "step_clock_within_tolerance": bool(agreement) and max(agreement) <= STEP_CLOCK_TOLERANCE,
-        "tf32_flags_as_set": all(tf32) if tf32 else None,  # None: no precision trial ran
-        "multicard_images_s": multicard_images_s,
-        **loops,
-        "multicard / plain loop": ratio(multicard_images_s, loops.get("plain_loop_images_s")),
-        "multicard / timm": ratio(multicard_images_s, loops.get("timm_images_s")),
+        "tf32_flags_as_set": all(tf32) if tf32 else None,  # None: no trial ran
+        **compared,
+        # on CPU the harness's own processes (torchrun's agent, the runner) share the cores with
+        # the step, so a busy machine slows it apart from the loop: shown, judged on GPUs only
+        "harness_costs_too_much": harness_costs_too_much(ratio) if device == "cuda" else None,
+        "nsys_traced_over_untraced": tracing_cost(rows),
         "energy_per_sample_j": energy_by_precision(rows),
     }
 
 
+def harness_costs_too_much(ratio: dict[str, Any] | None) -> bool | None:
+    """Whether the harness is slower than the plain loop by more than PLAIN_LOOP_TOLERANCE: its
+    interval (of the rounds' images/s) wholly below 1 - tolerance, a one-sided test at 2.5 %, so
+    a busy machine's noise reads as no evidence, not as a failure; the point alone with one
+    round. None before the comparison ran."""
+    if ratio is None:
+        return None
+    upper = ratio["ratio"] if math.isnan(ratio["ci_hi"]) else ratio["ci_hi"]
+    return upper < 1 - PLAIN_LOOP_TOLERANCE
+
+
 def energy_by_precision(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean GPU energy per image of each precision's ok trials, or why there is none."""
-    found: dict[str, Any] = {}
+    found: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        if row["part"] != "precision" or row["status"] != "ok":
+        if row["part"] not in ("precision", "harness") or row["status"] != "ok":
             continue
         found.setdefault(row["precision"], []).append(row)
     # in the precisions' own order (fp64 first), not the shuffled order the trials ran in
@@ -289,28 +431,46 @@ def energy_text(by_precision: dict[str, Any]) -> str:
                      for name, value in by_precision.items()) or "no precision trial ran"
 
 
+def ratio_text(found: dict[str, Any] | None) -> str:
+    if found is None:
+        return "n/a"
+    ci = "" if math.isnan(found["ci_lo"]) else f" [{found['ci_lo']:.3g}, {found['ci_hi']:.3g}]"
+    return f"{found['ratio']:.3g}{ci} (n {found['n'][0]}/{found['n'][1]})"
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """What the check found, one line each (printed, and appended to REPORT.md)."""
+    return [
+        f"multicard / plain loop: {ratio_text(summary['multicard / plain loop'])} "
+        f"({_num(summary['multicard_images_s'])} vs {_num(summary.get('ddp_images_s'))} images/s; "
+        f"costs more than {PLAIN_LOOP_TOLERANCE:.0%}: "
+        f"{_judged(summary['harness_costs_too_much'], 'not judged on CPU')})",
+        f"plain loop / bare loop (DDP's own cost): {ratio_text(summary['plain loop / bare loop'])}",
+        f"multicard / timm: {ratio_text(summary['multicard / timm'])}",
+        f"shortest timed window: {_num(summary['shortest_window_s'])} s (long enough: "
+        f"{summary['windows_long_enough']})",
+        f"step clock vs wall clock: largest deviation {_pct(summary['step_clock_vs_wall_max'])} "
+        f"(tolerance {STEP_CLOCK_TOLERANCE:.0%}); TF32 as set: {summary['tf32_flags_as_set']}",
+        f"nsys traced / untraced training time (fp32): {_num(summary['nsys_traced_over_untraced'])}",
+        f"GPU energy per image by precision: {energy_text(summary['energy_per_sample_j'])}",
+    ]
+
+
 def write_checks(out: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     import pandas as pd
     from tabulate import tabulate
 
-    (out / "device_check.json").write_text(json.dumps({"summary": summary, "trials": rows}, indent=1))
+    artifact.write_text_atomic(out / "device_check.json",
+                               json.dumps({"summary": summary, "trials": rows}, indent=1))
+    (out / "tables").mkdir(exist_ok=True)
     frame = pd.DataFrame(rows)
-    (out / "tables" / "device_check.csv").write_text(frame.to_csv(index=False))
+    artifact.write_text_atomic(out / "tables" / "device_check.csv", frame.to_csv(index=False))
     table = tabulate(frame, headers="keys", tablefmt="github", showindex=False, floatfmt=".4g")
-    (out / "tables" / "device_check.md").write_text(table + "\n")
-    lines = ["", "## Device check", "",
-             f"- step clock (CUDA events; host clock on CPU) vs wall clock: largest deviation "
-             f"{_pct(summary['step_clock_vs_wall_max'])} (tolerance {STEP_CLOCK_TOLERANCE:.0%})",
-             f"- TF32 flags read back as set in every precision trial: {summary['tf32_flags_as_set']}",
-             f"- multicard (1 rank, synthetic loader, {summary['precision']}, nhwc): "
-             f"{_num(summary['multicard_images_s'])} images/s; plain loop "
-             f"{_num(summary['plain_loop_images_s'])}; timm {_num(summary.get('timm_images_s'))}",
-             f"- multicard / plain loop: {_num(summary['multicard / plain loop'])}; multicard / timm: "
-             f"{_num(summary['multicard / timm'])}",
-             f"- GPU energy per image by precision: {energy_text(summary['energy_per_sample_j'])}", "",
-             "Per trial: `tables/device_check.md`; all numbers: `device_check.json`.", ""]
-    with (out / "REPORT.md").open("a", encoding="utf-8") as f:
-        f.write("\n".join(lines))
+    artifact.write_text_atomic(out / "tables" / "device_check.md", table + "\n")
+
+
+def _judged(value: bool | None, otherwise: str) -> str:
+    return otherwise if value is None else str(value)
 
 
 def _pct(value: float | None) -> str:
@@ -331,31 +491,21 @@ def missing_modules() -> list[str]:
     return [name for name in NEEDED if importlib.util.find_spec(name) is None]
 
 
-def part_seconds(s: specmod.Spec, per_trial_s: float | None) -> float:
-    """A part's expected time: measured seconds per trial once a part has run, else the model."""
-    planned = specmod.plan(s)
-    if per_trial_s is None:
-        return sum(cost.trial_seconds("vision", p.params) for p in planned)
-    return per_trial_s * len(planned)
-
-
-def measured_per_trial_s(out: Path, done: list[str]) -> float | None:
-    walls = [r["wall_s"] for name in done for r in store.read(out / name / store.TRIALS_FILE)
-             if r["status"] != "skipped"]
-    return statistics.fmean(walls) if walls else None
-
-
-def finish(out: Path, done: list[str], rows: list[dict[str, Any]], loops: dict[str, Any],
-           skipped: dict[str, str]) -> dict[str, Any]:
-    """Report what has run so far, the checks, and SHA256SUMS: a run cut short stays verifiable."""
-    multicard_images_s = mean_throughput(out / "layout_loader", {"layout": "nhwc", "loader": "synthetic"}) \
-        if "layout_loader" in done else None
-    summary = {**summarize_checks(rows, loops, multicard_images_s), "parts_run": done,
-               "parts_skipped": skipped}
-    if done:
-        report.write_report([out / name for name in done], out, claim_list=None)
-    (out / "tables").mkdir(exist_ok=True)
+def checkpoint(out: Path, plan: dict[str, specmod.Spec], device: str, skipped: dict[str, str],
+               final: bool) -> dict[str, Any]:
+    """The checks of every part run so far and SHA256SUMS, so a run cut short stays verifiable;
+    `final`: REPORT.md with its figures too (once, at the end: they are the slow part)."""
+    ran = [name for name in plan if (out / name / store.TRIALS_FILE).is_file()]
+    rows = [row for name in ran for row in trial_checks(out / name, name)]
+    summary = {**summarize_checks(rows, comparison(out, device), device), "parts_run": ran,
+               "parts_left": skipped}
     write_checks(out, rows, summary)
+    if final and ran:
+        report.write_report([out / name for name in ran], out, claim_list=None)
+        with (out / "REPORT.md").open("a", encoding="utf-8") as f:
+            f.write("\n".join(["", "## Device check", "", *(f"- {line}" for line in summary_lines(summary)),
+                               "", "Per trial: `tables/device_check.md`; all numbers: `device_check.json`.",
+                               ""]))
     artifact.write_checksums(out)
     return summary
 
@@ -370,21 +520,28 @@ def main(argv: list[str] | None = None, clock: Callable[[], float] = time.monoto
         print(f"device_check: error: {exc}", file=sys.stderr)
         return 2
     except Interrupted as stop:
-        print(f"device_check: stopped by {stop}; the parts that finished are reported", file=sys.stderr)
+        print(f"device_check: stopped by {stop}; the parts that finished are kept: run it again "
+              "with the same --out to continue", file=sys.stderr)
         return stop.exit_status
 
 
-def check(argv: list[str] | None, clock: Callable[[], float] = time.monotonic) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its estimate")
-    parser.add_argument("--out", type=Path, help="run directory (default under artifact/runs/)")
+    parser.add_argument("--out", type=Path, help="run directory (default under artifact/runs/); an "
+                        "existing one is continued where it stopped")
     parser.add_argument("--trials", type=int, choices=range(1, 11), metavar="N",
-                        help="trials per config in every part (default: 3 per precision, 2 elsewhere)")
+                        help=f"trials per config in every part (default: {ROUNDS} rounds of the "
+                             "comparison, 1 elsewhere)")
     parser.add_argument("--budget-s", type=float, default=TARGET_S,
-                        help="a part that would end past this many seconds is skipped and named "
-                             f"(default {TARGET_S})")
-    args = parser.parse_args(argv)
+                        help="a part that would end past this many seconds of this call is left for "
+                             f"the next and named (default {TARGET_S})")
+    return parser.parse_args(argv)
+
+
+def check(argv: list[str] | None, clock: Callable[[], float] = time.monotonic) -> int:
+    args = parse_args(argv)
     if missing := missing_modules():
         print(f"device_check: missing Python modules: {', '.join(missing)} (pure-Python wheels can "
               "be carried and installed with pip --no-index)", file=sys.stderr)
@@ -395,48 +552,75 @@ def check(argv: list[str] | None, clock: Callable[[], float] = time.monotonic) -
               file=sys.stderr)
         return 2
     out = args.out or ROOT / "artifact" / "runs" / run_name(args.device, gpus)
+    if args.dry_run and args.device == "cuda":  # the most it could run: nsys present, 2 GPUs
+        plan = specs(parts(args.device, max(2, len(gpus)), True, args.trials), out)
+        print_plan(plan, out, learn(out, plan), args.device, print)
+        print("--dry-run: nothing started (nsys runs only where it is on PATH, nccl only where two "
+              "GPUs are visible)")
+        return 0
     with_nsys = args.device == "cuda" and nsys.find_nsys() is not None
-    plan = specs(parts(args.device, len(gpus), with_nsys, args.trials), out)
-    print_plan(plan, estimate_s(plan, args.device), print)
+    plan = as_run(specs(parts(args.device, len(gpus), with_nsys, args.trials), out), out)
+    print_plan(plan, out, learn(out, plan), args.device, print)
     if args.dry_run:
         print("--dry-run: nothing started")
         return 0
     started = clock()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "env.json").write_text(json.dumps(artifact.capture_env(ROOT / "data"), indent=1))
-    # the reference loops first: the ratios this check exists for survive a run cut short
-    loops = reference_loops(args.device, SIZES[args.device])
-    done: list[str] = []
-    rows: list[dict[str, Any]] = []
+    record_environment(out, gpus)
     skipped: dict[str, str] = {}
-    for name, s in plan.items():
-        need = part_seconds(s, measured_per_trial_s(out, done))
+    for name in list(plan):
+        plan = as_run(plan, out)
+        s = plan[name]
+        need = part_seconds(name, s, out, learn(out, plan), args.device)
         left = args.budget_s - (clock() - started)
         if need > left:
             skipped[name] = (f"needs about {runner.format_duration(need)}, "
                              f"{runner.format_duration(max(0.0, left))} of the budget left")
-            print(f"{name}: skipped ({skipped[name]})")
+            print(f"{name}: left for the next call ({skipped[name]})")
             continue
-        runner.run(s, out / name, data_dir=ROOT / "data", echo=print)
-        done.append(name)
-        rows += trial_checks(out / name, name)
+        if name == "harness":
+            run_comparison(s, out, args.device, print)
+        else:
+            runner.run(s, out / name, data_dir=ROOT / "data", echo=print)
         with GATE.hold():  # after every part, whole: a cut-short run is verifiable
-            finish(out, done, rows, loops, skipped)
+            checkpoint(out, plan, args.device, skipped, final=False)
         GATE.check()
-    summary = finish(out, done, rows, loops, skipped)
-    print(f"multicard / plain loop: {_num(summary['multicard / plain loop'])} "
-          f"({_num(summary['multicard_images_s'])} vs {_num(loops['plain_loop_images_s'])} images/s)")
-    print(f"multicard / timm: {_num(summary['multicard / timm'])}"
-          + (f" ({loops['timm_unavailable']})" if loops.get("timm_unavailable") else ""))
-    print(f"GPU energy per image by precision: {energy_text(summary['energy_per_sample_j'])}")
-    print(f"step clock vs wall clock: largest deviation {_pct(summary['step_clock_vs_wall_max'])}; "
-          f"TF32 as set: {summary['tf32_flags_as_set']}")
-    print(f"device check: {summary['ok']}/{summary['trials']} trials ok, parts skipped: "
-          f"{', '.join(skipped) or 'none'}, in {runner.format_duration(clock() - started)}; {out}")
-    # passed only when every part ran and every check held
-    passed = summary["step_clock_within_tolerance"] and summary["tf32_flags_as_set"] is True \
-        and not summary["not_ok"] and not skipped
-    return 0 if passed else 1
+    summary = checkpoint(out, as_run(plan, out), args.device, skipped, final=not skipped)
+    for line in summary_lines(summary):
+        print(line)
+    return finish_status(summary, skipped, out, clock() - started)
+
+
+def record_environment(out: Path, gpus: list[Any]) -> None:
+    """env.json on the first call; a later one records its own beside it, on the same GPU model
+    only (a run continued on another machine would mix two machines' numbers)."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = artifact.capture_env(ROOT / "data")
+    first = out / "env.json"
+    if not first.exists():
+        artifact.write_text_atomic(first, json.dumps(env, indent=1))
+        return
+    model = {g.name for g in gpus} or {"cpu"}
+    started_on = {g.get("name") for g in json.loads(first.read_text()).get("gpus") or []} or {"cpu"}
+    if model != started_on:
+        raise InputError(f"{out}: started on {', '.join(sorted(started_on))}; this machine has "
+                         f"{', '.join(sorted(model))}: continue it there, or use another --out")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    artifact.write_text_atomic(out / f"env-resume-{stamp}.json", json.dumps(env, indent=1))
+
+
+def finish_status(summary: dict[str, Any], skipped: dict[str, str], out: Path, seconds: float) -> int:
+    """0 every part ran and held, 1 a check or a trial failed, 3 nothing failed but parts are left."""
+    failed = summary["not_ok"] or summary["step_clock_within_tolerance"] is False \
+        or summary["tf32_flags_as_set"] is False or summary["harness_costs_too_much"] is True \
+        or summary["windows_long_enough"] is False
+    print(f"device check: {summary['ok']}/{summary['trials']} trials ok, parts left for the next "
+          f"call: {', '.join(skipped) or 'none'}, in {runner.format_duration(seconds)}; {out}")
+    if failed:
+        return 1
+    if skipped:
+        print(f"device check: nothing failed; run it again with --out {out} to run the parts left")
+        return 3
+    return 0
 
 
 if __name__ == "__main__":

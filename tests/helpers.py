@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,7 @@ def load_script(path: Path, name: str) -> ModuleType:
     loader = importlib.util.spec_from_file_location(name, path)
     assert loader is not None and loader.loader is not None
     module = importlib.util.module_from_spec(loader)
+    sys.modules[name] = module  # a dataclass in it looks its module up while it is defined
     loader.loader.exec_module(module)
     return module
 

@@ -76,7 +76,15 @@ TRACED_MIN_OK = 3  # traced trials per config before a trace metric decides anyt
 # a group with a timed-out attempt: its time is only known to exceed the timeout, so the ok
 # trials' mean is biased low; it decides nothing (and a resume does not run the attempt again)
 CENSORED = "censored"
-UNDECIDED = ("too few", CENSORED)
+# a group whose arms' energy was read two ways (NVML's counter in one, power integrated in the
+# other): the two are not the same measurement, so they are not compared
+READ_APART = "read differently"
+UNDECIDED = ("too few", CENSORED, READ_APART)
+# how an energy metric's value was read: the keys of a record's `measured_how` it rests on
+ENERGY_READINGS = {"energy_j": ("energy_j",), "energy_per_sample_j": ("energy_j",),
+                   "energy_per_token_j": ("energy_j",), "mean_power_w": ("energy_j",),
+                   "cpu_energy_j": ("cpu_energy_j",),
+                   "node_energy_per_sample_j": ("energy_j", "cpu_energy_j")}
 # kinds whose verdict reads a tolerance: [tolerance.<kind>] of the claims file, or the claim's own
 TOLERANT_KINDS = ("range", "direction", "negligible", "not_worse", "numa", "shrinks", "dominates")
 # how a ratio mean(against) / mean(compare) is read as the number the paper states
@@ -551,6 +559,9 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
             paper = _paper_evidence(claim, {**run.spec.fixed, **where})
             if a and b and _timed_out(claim, run, where, traced):
                 groups.append(replace(_group(claim, label, a, b, minimum), decision=CENSORED, **paper))
+            elif a and b and (readings := _readings(claim, run, where)):
+                groups.append(replace(_group(claim, label, a, b, minimum), decision=READ_APART, **paper))
+                notes.append(f"{label}: energy read as {' / '.join(readings)}")
             elif a and b:
                 groups.append(replace(_group(claim, label, a, b, minimum), **paper))
             elif outcome := _resource_outcome(claim, run, where, traced, (a, b)):
@@ -610,6 +621,17 @@ def _resource_outcome(claim: Claim, run: Results, group: Mapping[str, Any], trac
             return (f"{label} failed every attempt for a resource ({ending}): an "
                     "outcome, not missing data")
     return ""
+
+
+def _readings(claim: Claim, run: Results, group: Mapping[str, Any]) -> list[str]:
+    """For an energy metric, the ways its ok trials in the group's two arms were read, where
+    there are several (NVML's counter and power integrated over a short window, say); []
+    otherwise."""
+    keys = ENERGY_READINGS.get(claim.metric, ())
+    found = {" + ".join(str((r.get("measured_how") or {}).get(k)) for k in keys)
+             for arm in (claim.against, claim.compare)
+             for r in _arm_attempts(claim, run, group, arm, False) if r["status"] == "ok"} if keys else set()
+    return sorted(found) if len(found) > 1 else []
 
 
 def _timed_out(claim: Claim, run: Results, group: Mapping[str, Any], traced: bool) -> bool:
@@ -813,6 +835,9 @@ def _why(groups: list[Evidence], verdict: str) -> str:
         named = len(by) > 1 or verdict in ("mixed", "inconclusive", CONSISTENT) or decision in UNDECIDED
         if decision == CENSORED:
             parts.append(f"{len(labels)} censored by a timed-out attempt, undecided "
+                         f"({', '.join(labels)})")
+        elif decision == READ_APART:
+            parts.append(f"{len(labels)} not compared, its arms' energy read differently "
                          f"({', '.join(labels)})")
         elif decision == "too few":
             shown = ", ".join(f"{g.label} (n = {g.n[0]}/{g.n[1]})" for g in groups

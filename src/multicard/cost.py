@@ -38,12 +38,22 @@ def vision_images(settings: Mapping[str, Value]) -> float:
     return int(settings["epochs"]) * per_epoch
 
 
+def _rank_rate(settings: Mapping[str, Value]) -> float:
+    """Training images/s of one rank at this precision and size's pixel count (224 px based)."""
+    device = str(settings["device"])
+    sharing = int(settings["gpus"]) if device == "cpu" else 1
+    pixels = (int(settings["image_size"]) / REFERENCE_SIZE) ** 2
+    return THROUGHPUT_224[device][str(settings["precision"])] / sharing / pixels
+
+
+def vision_step_seconds(settings: Mapping[str, Value]) -> float:
+    """One training step of one rank: the per-step overhead and the batch at the rank's rate."""
+    return STEP_OVERHEAD_S[str(settings["device"])] + int(settings["batch_size"]) / _rank_rate(settings)
+
+
 def vision_trial_seconds(settings: Mapping[str, Value]) -> float:
     device = str(settings["device"])
     ranks = int(settings["gpus"]) * int(settings["nnodes"])
-    sharing = int(settings["gpus"]) if device == "cpu" else 1
-    rate = THROUGHPUT_224[device][str(settings["precision"])] / sharing
-    pixels = (int(settings["image_size"]) / REFERENCE_SIZE) ** 2
     batch = int(settings["batch_size"])
     train_n = int(settings["train_subset"]) or MNIST_TRAIN
     steps = math.ceil(train_n / (batch * ranks))
@@ -51,9 +61,9 @@ def vision_trial_seconds(settings: Mapping[str, Value]) -> float:
         steps = min(steps, int(settings["max_steps"]))
     if settings["mode"] == "loader_only":  # no model: only the per-step overhead is modelled
         return LAUNCH_S[device] + int(settings["epochs"]) * steps * STEP_OVERHEAD_S[device]
-    step_s = STEP_OVERHEAD_S[device] + batch * pixels / rate
+    step_s = vision_step_seconds(settings)
     test_per_rank = (int(settings["test_subset"]) or MNIST_TEST) / ranks
-    eval_s = test_per_rank * pixels / (3 * rate)
+    eval_s = test_per_rank / (3 * _rank_rate(settings))
     epochs = int(settings["epochs"])
     warmup = int(settings["warmup_steps"]) * step_s
     return LAUNCH_S[device] + warmup + epochs * (steps * step_s + EPOCH_PAUSE_S[device]) + eval_s

@@ -2,8 +2,12 @@
 reading of NVML and Linux powercap (RAPL) at the end.
 
 - GPU: NVML's total-energy counter (millijoules since the driver loaded, Volta and newer). It
-  updates every 20-100 ms, so a window under MIN_COUNTER_WINDOW_S is not read from it: such a
-  window falls back to power samples integrated over it (trapezoids), and says so.
+  updates every 20-100 ms, which reads a 1 s window about 4 % low, so a window under
+  MIN_COUNTER_WINDOW_S is not read from it: such a window falls back to instantaneous power
+  samples integrated over it (trapezoids), and says so. On Ampere and newer NVML's plain power
+  reading is a 1-second average, which would smear a short window: the samples are the field
+  NVML_FI_DEV_POWER_INSTANT where the driver has it, the plain reading only on older GPUs (where
+  it is instantaneous), and none otherwise (the window's energy is then null, with why).
 - CPU: the package domains of /sys/class/powercap (intel-rapl:N, on AMD too), microjoules, each
   counter wrapping at its max_energy_range_uj.
 
@@ -16,13 +20,13 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 SERIES_FILE = "energy_series.json"  # a trial's GPU counters sampled from outside (telemetry)
-MIN_COUNTER_WINDOW_S = 1.0  # NVML's energy counter; RAPL's updates about every millisecond
+MIN_COUNTER_WINDOW_S = 5.0  # NVML's energy counter (under 1 % low here); RAPL's updates every ms
 MAX_POWER_GAP_S = 0.5  # power samples further apart do not describe the window between them
 RAPL_MIN_WINDOW_S = 0.01
 POWERCAP = Path("/sys/class/powercap")
@@ -71,9 +75,11 @@ def integrate_power(samples: Sequence[tuple[float, float]], start: float | None 
 
 def window_energy(start: Reading, end: Reading, joules_per_unit: float, wraps_at: int | None,
                   power_samples: Sequence[tuple[float, float]] = (),
-                  min_window_s: float = MIN_COUNTER_WINDOW_S) -> Energy:
+                  min_window_s: float | None = None) -> Energy:
     """One device's energy between two counter reads, or from its power samples when the window
-    is shorter than the counter resolves (or the counter went back without a known range)."""
+    is shorter than the counter resolves (`min_window_s`, NVML's by default) or the counter went
+    back without a known range."""
+    min_window_s = MIN_COUNTER_WINDOW_S if min_window_s is None else min_window_s
     seconds = end.t_s - start.t_s
     delta = counter_delta(start.value, end.value, wraps_at)
     if seconds >= min_window_s and delta is not None:
@@ -175,6 +181,38 @@ def cpu_window_energy(domains: Sequence[RaplDomain], start: Sequence[Reading],
 
 # --- live meters (context managers, entered with the rank's other samplers) ------------------
 
+AMPERE = 7  # NVML_DEVICE_ARCH_AMPERE: from it on, nvmlDeviceGetPowerUsage is a 1 s average
+
+
+def instant_power_reader(nvml: Any, handle: Any) -> tuple[Callable[[], float] | None, str | None]:
+    """A function reading the GPU's instantaneous power in watts, or None and why: the field
+    NVML_FI_DEV_POWER_INSTANT where the driver has it; before Ampere the plain power reading,
+    which is instantaneous there; on Ampere and newer without the field, none (the plain
+    reading's 1-second average would smear a window shorter than the counter resolves)."""
+    field = getattr(nvml, "NVML_FI_DEV_POWER_INSTANT", None)
+    if field is not None:
+        def instant() -> float:
+            [value] = nvml.nvmlDeviceGetFieldValues(handle, [field])
+            if value.nvmlReturn != 0:
+                raise RuntimeError(f"NVML_FI_DEV_POWER_INSTANT: return code {value.nvmlReturn}")
+            return float(value.value.uiVal) / 1000.0
+
+        try:
+            instant()
+            return instant, None
+        except Exception as exc:  # an older driver: the field is not supported
+            field_error = str(exc)
+    else:
+        field_error = "this nvidia-ml-py has no NVML_FI_DEV_POWER_INSTANT"
+    try:
+        architecture = int(nvml.nvmlDeviceGetArchitecture(handle))
+    except Exception as exc:
+        return None, f"no instantaneous power ({field_error}; the architecture is unknown: {exc})"
+    if architecture < AMPERE:
+        return (lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0), None
+    return None, (f"no instantaneous power ({field_error}); the plain reading is a 1-second "
+                  "average on this GPU")
+
 class GpuEnergyMeter:
     """One GPU's energy over the `with` block: NVML's counter read on entry and exit, its power
     sampled every `period_s` between (the fallback for a window the counter cannot resolve).
@@ -193,6 +231,7 @@ class GpuEnergyMeter:
         self._thread: threading.Thread | None = None
         self._nvml: Any = None
         self._handle: Any = None
+        self._power: Callable[[], float] | None = None  # instantaneous watts (instant_power_reader)
 
     def __enter__(self) -> GpuEnergyMeter:
         if self.uuid is None:
@@ -229,10 +268,14 @@ class GpuEnergyMeter:
             return None
 
     def _sample_once(self) -> bool:
+        if self._power is None:
+            self._power, self.power_error = instant_power_reader(self._nvml, self._handle)
         try:
-            watts = self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
+            watts = self._power() if self._power is not None else None
         except Exception as exc:
             self.power_error = f"NVML power: {exc}"
+            watts = None
+        if watts is None:
             return False
         self.power.append((time.monotonic(), watts))
         return True
@@ -262,7 +305,10 @@ class GpuEnergyMeter:
 
     def energy(self) -> Energy:
         if self._start is not None and self._end is not None:
-            return window_energy(self._start, self._end, 1e-3, None, self.power)
+            found = window_energy(self._start, self._end, 1e-3, None, self.power)
+            if found.joules is None and self.power_error:
+                return Energy(None, None, f"{found.reason}; {self.power_error}")
+            return found
         if len(self._window) < 2:
             return Energy(None, None, self.reason or "no reading was taken")
         why = self.reason or "the counter's closing read failed"

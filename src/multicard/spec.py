@@ -605,6 +605,11 @@ def baseline_config(spec: Spec, config: Mapping[str, Value]) -> dict[str, Value]
 
 def to_toml(spec: Spec) -> str:
     """The resolved spec (profile merged, defaults filled in), as written to DIR/spec.toml."""
+    return tomli_w.dumps(to_document(spec))
+
+
+def to_document(spec: Spec) -> dict[str, Any]:
+    """The resolved spec as a document that from_document reads back to the same spec."""
     experiment = {"name": spec.name, "title": spec.title, "workload": spec.workload}
     experiment |= {"paper": spec.paper, "description": spec.description, "profile": spec.profile}
     doc: dict[str, Any] = {
@@ -632,4 +637,4 @@ def to_toml(spec: Spec) -> str:
         doc["budget"] = {"duration": spec.budget.duration, "given_up": list(spec.budget.given_up),
                          **({"configs": list(spec.budget.configs)} if spec.budget.configs is not None
                             else {})}
-    return tomli_w.dumps(doc)
+    return doc

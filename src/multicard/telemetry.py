@@ -44,6 +44,11 @@ class GpuUtilSampler:
         while not self._stop.wait(self.period_s):
             self.samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)  # type: ignore[attr-defined]
 
+    def mark_start(self) -> None:
+        """The measured window starts now (after the ranks' barrier): the samples before it,
+        the wait at the barrier among them, are dropped."""
+        self.samples.clear()
+
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:

@@ -128,7 +128,9 @@ def start_together(samplers: list[AbstractContextManager[Any]], barrier: Callabl
                    stack: ExitStack) -> float:
     """Enter every sampler (NVML start-up takes a while), then meet the other ranks, then start
     the meters' windows and read the clock: no rank's clock starts while another rank is still
-    starting its samplers, and no meter counts the wait at the barrier."""
+    starting its samplers, and no meter counts the wait at the barrier. Windows start in the
+    order given and the stack closes them in reverse: list the GPU's meters last, so that their
+    windows hold none of the other meters' reads (/proc scans, RAPL)."""
     for sampler in samplers:
         stack.enter_context(sampler)
     barrier()

@@ -1,73 +1,65 @@
-"""benchmarks/device_check.py end to end on CPU: every part, the checks, a verifiable run."""
+"""benchmarks/device_check.py end to end on CPU: a first call that the budget cuts short, a second
+that finishes it, the checks, a verifiable run."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from multicard import artifact
+from multicard import artifact, store
 from tests.helpers import ROOT, load_script
 
 pytestmark = pytest.mark.slow
 SCRIPT = ROOT / "benchmarks" / "device_check.py"
 
 
-def test_dry_run_prints_the_plan_and_its_estimate() -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True,
-                          text=True, cwd=ROOT, timeout=120)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0].startswith("layout_loader: 8 trials, estimated ")
-    assert lines[1].startswith("precision: 15 trials") and lines[2].startswith("pin_memory: 4 trials")
-    assert any(line.startswith("total: estimated ") for line in lines)
-    assert lines[-1] == "--dry-run: nothing started"
-
-
-def test_parts_that_would_overrun_the_budget_are_skipped_and_named(
+def test_a_check_the_budget_cuts_short_is_continued_by_a_second_call(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "short"
-    first_part = out / "layout_loader" / "trials.jsonl"
-
-    # time as the check sees it: none passes until the first part has records, then the budget
-    # is all spent but one second, however fast or slow this machine ran the part
-    def clock() -> float:
-        return 999.0 if first_part.exists() else 0.0
-
-    device_check = load_script(SCRIPT, "device_check")
-    status = device_check.main(["--device", "cpu", "--trials", "1", "--budget-s", "1000", "--out", str(out)],
-                               clock=clock)
-    summary = json.loads((out / "device_check.json").read_text())["summary"]
-    assert summary["parts_run"] == ["layout_loader"]
-    assert set(summary["parts_skipped"]) == {"precision", "pin_memory"}
-    assert summary["parts_skipped"]["precision"].endswith(", 1s of the budget left")
-    assert summary["plain_loop_images_s"] > 0 and summary["multicard / plain loop"] > 0
-    assert artifact.verify(out).ok
-    assert status == 1  # not every part ran: the check is not passed
-    assert "parts skipped: precision, pin_memory" in capsys.readouterr().out
-
-
-def test_the_check_runs_on_cpu_into_a_verifiable_run(tmp_path: Path) -> None:
     out = tmp_path / "cpu-device-check"
-    # a budget this test does not test (the one above does): every part runs even on a busy
-    # 2-core machine, where the CPU trials take twice as long as the estimates
-    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--trials", "1",
-                           "--budget-s", "1200", "--out", str(out)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=1500)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "multicard / plain loop: " in done.stdout and "multicard / timm: " in done.stdout
-    assert {p.name for p in out.iterdir() if p.is_dir()} >= {"precision", "layout_loader",
-                                                              "pin_memory", "tables"}
+    device_check = load_script(SCRIPT, "device_check")
+    harness = out / "harness" / store.TRIALS_FILE
+
+    # time as the check sees it: none passes until the comparison has run, then the budget is
+    # all spent but one second, however fast or slow this machine ran it
+    def clock() -> float:
+        return 999.0 if harness.exists() and len(store.read(harness)) == 3 else 0.0
+
+    first = device_check.main(["--device", "cpu", "--budget-s", "1000", "--out", str(out)], clock=clock)
+    said = capsys.readouterr().out
+    assert first == 3, said[-3000:]  # nothing failed: parts were left, which is not a failure
+    assert "precision: left for the next call (needs about" in said
+    assert "run it again with --out" in said
     summary = json.loads((out / "device_check.json").read_text())["summary"]
-    assert summary["trials"] == summary["ok"] == 11
+    assert summary["parts_run"] == ["harness"] and set(summary["parts_left"]) == {"precision", "pin_memory"}
+    assert artifact.verify(out).ok and not (out / "REPORT.md").exists()  # figures once, at the end
+    loops = sorted((out / "plain_loop").glob("round-*.json"))
+    pids = [json.loads(p.read_text())["pid"] for p in loops]
+
+    # the second call: what is left, learned from what ran (a budget any machine meets)
+    second = device_check.main(["--device", "cpu", "--budget-s", "3000", "--out", str(out)])
+    said = capsys.readouterr().out
+    assert second == 0, said[-3000:]
+    assert "learned from 3 trial(s) run" in said and "harness: 0 of 3 trials left + 0 plain-loop" in said
+    assert [json.loads(p.read_text())["pid"] for p in loops] == pids  # not run again
+    assert len(store.read(harness)) == 3
+    summary = json.loads((out / "device_check.json").read_text())["summary"]
+    assert summary["parts_run"] == ["harness", "precision", "pin_memory"] and summary["parts_left"] == {}
+    assert summary["trials"] == summary["ok"] == 10
     assert summary["tf32_flags_as_set"] is True and summary["step_clock_within_tolerance"] is True
-    assert summary["multicard / plain loop"] > 0
+    # like for like: 3 harness trials against 3 plain loops in a one-rank DDP, and DDP's own cost
+    compared = summary["multicard / plain loop"]
+    assert compared["n"] == [3, 3] and compared["ci_lo"] < compared["ratio"] < compared["ci_hi"]
+    assert summary["plain loop / bare loop"]["n"] == [3, 3]
+    assert summary["windows_long_enough"] is True and summary["shortest_window_s"] >= 2.0
+    steps = json.loads(loops[0].read_text())["steps"]
+    assert all(json.loads(p.read_text())["steps"] == steps for p in loops)
+    assert {r["config"]["precision"] for r in store.read(harness)} == {"bf16"}
     # on CPU there is no GPU energy: every precision says so, none is 0
     assert summary["energy_per_sample_j"] == dict.fromkeys(
         ("fp64", "fp32", "tf32", "fp16", "bf16"), "not measured: rank 0: CPU run: no GPU")
-    assert "GPU energy per image by precision: fp64 not measured: rank 0: CPU run: no GPU" in done.stdout
     assert "## Device check" in (out / "REPORT.md").read_text()
+    assert (out / "env.json").is_file()
+    assert len(list(out.glob("env-resume-*.json"))) == 1  # the second call's, beside the first
     assert artifact.verify(out).ok

@@ -659,3 +659,25 @@ def test_the_papers_value_for_a_group_shows_beside_ours_and_says_when_it_is_infe
     assert group.paper == pytest.approx(3.5) and group.paper_inferred
     from multicard.report import evidence_text
     assert "paper 3.5% (inferred)" in evidence_text(v.evidence)
+
+
+def test_energy_read_two_ways_is_not_compared() -> None:
+    """An arm whose GPU energy came from NVML's counter against one whose came from power
+    integrated over a short window: two measurements, not one, so the group decides nothing."""
+    questions = {q.id: q for q in claims.load(EXPERIMENTS / "energy_questions.toml")}
+    rows = [*trials({"precision": "fp64", "gpus": 1}, "energy_per_sample_j", [2.0, 2.02, 1.98, 2.01, 1.99]),
+            *trials({"precision": "fp16", "gpus": 1}, "energy_per_sample_j", [1.0, 1.01, 0.99, 1.005, 0.995])]
+
+    def records(fp16_how: str) -> list[dict[str, Any]]:
+        return [{"experiment": "table2_precision", "config": {"precision": r["precision"], "gpus": 1},
+                 "config_id": f"{r['precision']}-1", "trial": r["trial"], "status": "ok", "trace": "none",
+                 "measured_how": {"energy_j": fp16_how if r["precision"] == "fp16" else "NVML counter"}}
+                for r in rows]
+
+    same = claims.judge(questions["E1"], results("table2_precision", rows, records=records("NVML counter")))
+    assert same.verdict == "supported"
+    apart = claims.judge(questions["E1"], results("table2_precision", rows,
+                                                  records=records("NVML integrated power")))
+    assert apart.verdict == "inconclusive"
+    assert "1 not compared, its arms' energy read differently (gpus=1)" in apart.why
+    assert "energy read as NVML counter / NVML integrated power" in apart.why

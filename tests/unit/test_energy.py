@@ -23,7 +23,8 @@ def test_a_wrapped_counter_adds_its_range() -> None:
     wraps = 262_143_328_850
     start, end = Reading(0.0, wraps - 1_000_000), Reading(2.0, 4_000_000)
     assert energy.counter_delta(start.value, end.value, wraps) == 5_000_000
-    assert energy.window_energy(start, end, 1e-6, wraps).joules == pytest.approx(5.0)
+    assert energy.window_energy(start, end, 1e-6, wraps, min_window_s=energy.RAPL_MIN_WINDOW_S).joules \
+        == pytest.approx(5.0)
     assert energy.counter_delta(10, 5, None) is None  # back, range unknown: not a number
 
 
@@ -32,7 +33,7 @@ def test_a_window_shorter_than_the_counter_resolves_integrates_power() -> None:
     samples = [(0.0, 200.0), (0.2, 300.0), (0.4, 300.0)]  # 0.2 * 250 + 0.2 * 300
     found = energy.window_energy(start, end, 1e-3, None, samples)
     assert found.joules == pytest.approx(110.0) and found.source == "integrated power"
-    assert "0.400 s window is shorter than the counter resolves (1 s)" in str(found.reason)
+    assert "0.400 s window is shorter than the counter resolves (5 s)" in str(found.reason)
     unmeasured = energy.window_energy(start, end, 1e-3, None, samples[:1])
     assert unmeasured.joules is None and "fewer than 2 power samples" in str(unmeasured.reason)
 
@@ -127,11 +128,12 @@ def test_a_cpu_trial_records_every_energy_as_null_with_its_reason() -> None:
 
 
 def test_a_window_of_a_sampled_counter_is_interpolated() -> None:
-    series = [(100.0, 0), (101.0, 300_000), (102.0, 600_000), (103.0, 900_000)]  # 300 W in mJ
+    series = [(100.0 + t, 300_000 * t) for t in range(10)]  # 300 W in mJ, sampled every second
     assert energy.counter_at(series, 101.5) == pytest.approx(450_000)
-    assert energy.energy_between(series, 100.5, 102.5).joules == pytest.approx(600.0)
-    assert energy.energy_between(series, 100.5, 100.9).joules is None  # under a second
-    assert "not sampled over the whole window" in str(energy.energy_between(series, 99.0, 102.0).reason)
+    assert energy.energy_between(series, 100.5, 106.5).joules == pytest.approx(1800.0)
+    short = energy.energy_between(series, 100.5, 102.5)  # 2 s: the counter reads it low
+    assert short.joules is None and "shorter than the counter resolves (5 s)" in str(short.reason)
+    assert "not sampled over the whole window" in str(energy.energy_between(series, 99.0, 105.0).reason)
 
 
 def test_psys_is_not_a_package(tmp_path: Path) -> None:
@@ -193,11 +195,52 @@ def test_power_samples_with_a_gap_do_not_stand_in_for_a_counter_that_went_back()
     assert "the counter went back" in str(found.reason)
 
 
+def nvml_stand_in(counter: object = lambda handle: 0, instant_mw: int | None = 250_000,
+                  plain_mw: int = 250_000, architecture: int = 9) -> object:
+    """pynvml's calls the meters make: the instantaneous power field where `instant_mw` is
+    given (else NOT_SUPPORTED, 3), a plain power reading, the architecture (9: Hopper)."""
+    from types import SimpleNamespace
+
+    def fields(handle: object, ids: list[int]) -> list[object]:
+        assert ids == [186]
+        supported = instant_mw is not None
+        return [SimpleNamespace(nvmlReturn=0 if supported else 3,
+                                value=SimpleNamespace(uiVal=instant_mw or 0))]
+
+    return SimpleNamespace(
+        nvmlInit=lambda: None, nvmlDeviceGetHandleByUUID=lambda uuid: uuid,
+        nvmlDeviceGetTotalEnergyConsumption=counter, nvmlDeviceGetPowerUsage=lambda handle: plain_mw,
+        NVML_FI_DEV_POWER_INSTANT=186, nvmlDeviceGetFieldValues=fields,
+        nvmlDeviceGetArchitecture=lambda handle: architecture)
+
+
+def test_short_windows_read_instantaneous_power_never_a_1_second_average() -> None:
+    reader, why = energy.instant_power_reader(nvml_stand_in(instant_mw=300_000, plain_mw=250_000), "h")
+    assert why is None and reader is not None and reader() == 300.0  # the field, not the average
+    volta = nvml_stand_in(instant_mw=None, plain_mw=250_000, architecture=5)
+    reader, why = energy.instant_power_reader(volta, "h")
+    assert why is None and reader is not None and reader() == 250.0  # instantaneous before Ampere
+    hopper = nvml_stand_in(instant_mw=None, architecture=9)
+    reader, why = energy.instant_power_reader(hopper, "h")
+    assert reader is None and "the plain reading is a 1-second average on this GPU" in str(why)
+
+
+def test_a_short_window_without_instantaneous_power_is_null_with_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    reads = iter(range(0, 10**9, 1000))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml_stand_in(lambda handle: next(reads), instant_mw=None))
+    with energy.GpuEnergyMeter("GPU-a", period_s=0.01) as meter:
+        time.sleep(0.2)  # under the counter's 5 s
+    found = meter.energy()
+    assert found.joules is None and "shorter than the counter resolves (5 s)" in str(found.reason)
+    assert "1-second average" in str(found.reason)
+
+
 def stand_in_nvml(monkeypatch: pytest.MonkeyPatch, counter_fails_after: int = 10**9) -> None:
     """pynvml as GpuEnergyMeter calls it: a counter moving 1000 mJ per read (failing after
     `counter_fails_after` reads), power 250 W."""
     import sys
-    from types import SimpleNamespace
 
     reads = {"n": 0}
 
@@ -207,9 +250,7 @@ def stand_in_nvml(monkeypatch: pytest.MonkeyPatch, counter_fails_after: int = 10
             raise RuntimeError("NVML_ERROR_UNKNOWN")
         return 1000 * reads["n"]
 
-    monkeypatch.setitem(sys.modules, "pynvml", SimpleNamespace(
-        nvmlInit=lambda: None, nvmlDeviceGetHandleByUUID=lambda uuid: uuid,
-        nvmlDeviceGetTotalEnergyConsumption=counter, nvmlDeviceGetPowerUsage=lambda handle: 250_000))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml_stand_in(counter))
     monkeypatch.setattr(energy, "MIN_COUNTER_WINDOW_S", 0.05)  # the sampler stops after 0.1 s
 
 
@@ -226,8 +267,9 @@ def test_the_gpu_meter_samples_power_only_as_long_as_a_short_window_needs(
 def test_a_window_started_after_the_barrier_samples_again_and_drops_what_came_before(
         monkeypatch: pytest.MonkeyPatch) -> None:
     stand_in_nvml(monkeypatch)
+    monkeypatch.setattr(energy, "MIN_COUNTER_WINDOW_S", 0.3)  # the sampler sleeps after 0.6 s
     with energy.GpuEnergyMeter("GPU-a", period_s=0.01) as meter:
-        time.sleep(0.4)  # a long barrier: the sampler has gone to sleep
+        time.sleep(0.7)  # a long barrier: the sampler has gone to sleep
         meter.mark_start()
         time.sleep(0.2)  # a short timed region: the counter cannot resolve it
     assert all(t >= meter._window[0] for t, _ in meter.power) and len(meter.power) >= 10

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from multicard import telemetry
 
 
@@ -105,3 +107,23 @@ def test_the_trial_sampler_sees_a_stray_context_on_a_gpu_outside_the_trial(
     cpu_only = telemetry.TrialMemorySampler([])
     assert cpu_only.metrics()["stray_contexts"] is None
     assert cpu_only.unmeasured()["stray_contexts"] == "CPU run: no GPU"
+
+
+def test_gpu_utilisation_counts_from_the_windows_start_not_from_the_barrier(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    from multicard.telemetry import GpuUtilSampler
+
+    busy = {"now": 0}  # idle at the barrier, busy once training starts
+    monkeypatch.setitem(sys.modules, "pynvml", SimpleNamespace(
+        nvmlInit=lambda: None, nvmlDeviceGetHandleByUUID=lambda uuid: uuid,
+        nvmlDeviceGetUtilizationRates=lambda handle: SimpleNamespace(gpu=busy["now"])))
+    with GpuUtilSampler("GPU-a", period_s=0.01) as util:
+        time.sleep(0.1)  # the barrier: no kernels
+        busy["now"] = 100
+        util.mark_start()
+        time.sleep(0.1)
+    assert util.samples and util.mean() == 1.0

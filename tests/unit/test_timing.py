@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -127,3 +128,28 @@ def test_samplers_start_before_the_barrier_and_the_clock_after_it() -> None:
 def test_warm_up_covers_every_batch_size_the_epoch_yields(per_rank: int, batch: int,
                                                           sizes: list[int]) -> None:
     assert warmup_batch_sizes(per_rank, batch) == sizes
+
+
+def test_the_meter_listed_last_starts_last_and_stops_first() -> None:
+    """vision.main lists the GPU's meters last: their windows hold none of the CPU meters' reads."""
+    events: list[str] = []
+
+    class Meter:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __enter__(self) -> None:
+            events.append(f"{self.name} entered")
+
+        def mark_start(self) -> None:
+            events.append(f"{self.name} window starts")
+
+        def __exit__(self, *exc: object) -> None:
+            events.append(f"{self.name} window ends")
+
+    with ExitStack() as stack:
+        start_together([Meter("cpu"), Meter("gpu")], lambda: events.append("barrier"), stack)
+    assert events == ["cpu entered", "gpu entered", "barrier", "cpu window starts", "gpu window starts",
+                      "gpu window ends", "cpu window ends"]
+    source = (Path(__file__).parents[2] / "src/multicard/workloads/vision.py").read_text()
+    assert "start_together([usage, *([cpu_energy] if cpu_energy else []), util, gpu_energy]" in source

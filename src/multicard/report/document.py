@@ -429,8 +429,9 @@ def _energy_section(runs: list[RunData], questions: list[claims.Claim] | None, o
             "Questions of this artifact, not claims of the paper (which measures time only): does "
             f"each lever save GPU energy per training image? {len(table)} questions: {counts}. "
             "Energy is every trial GPU's over the timed epochs, from NVML's counter where the "
-            "window is at least 1 s and from its power samples integrated where it is shorter "
-            f"(node level for the GPUs, not the wall socket); read here as {read}. A ratio above "
+            "window is at least 5 s and from its instantaneous power samples integrated where it "
+            f"is shorter (node level for the GPUs, not the wall socket); read here as {read}; two "
+            "arms read differently are not compared. A ratio above "
             "1 means the lever's arm uses less energy per image. Same intervals and verdict rules "
             "as the claims.\n\n" + narrow + "\n\n"
             + _collapsed("every column: `tables/energy_questions.csv`",

@@ -185,8 +185,9 @@ def main(argv: list[str] | None = None) -> None:
         # the meters' windows end where train_time does (closed explicitly below), not after
         # the tracer's export
         meters = sampling.enter_context(ExitStack())
-        # samplers first, then the barrier: every rank's clock starts right after it
-        t_train = start_together([util, gpu_energy, usage, *([cpu_energy] if cpu_energy else [])],
+        # samplers first, then the barrier: every rank's clock starts right after it; the GPU's
+        # meters last, so their windows start after, and end before, the others' reads
+        t_train = start_together([usage, *([cpu_energy] if cpu_energy else []), util, gpu_energy],
                                  dist.barrier, meters)
         timeline["clock_start"] = time.time()
         tracer.start()
