@@ -116,6 +116,10 @@ class Claim:
     numerator: tuple[str, ...] = ()
     denominator: tuple[str, ...] = ()
     device: str = "cuda"
+    # a metric read where a run measured none of `metric`, and what the verdict then says
+    # (E2, E3: "GPU energy only" where the CPU packages' energy could not be read)
+    fallback_metric: str = ""
+    fallback_label: str = ""
     parts: tuple[Claim, ...] = ()
     # the paper's value per group where it gives one: from the experiment's [[reference]] entries
     # (paper_values), in the claim's quantity (a loss in the metric's units for not_worse)
@@ -157,6 +161,7 @@ class Verdict:
     why: str
     evidence: tuple[Evidence, ...] = ()
     groups: int = 0  # comparisons that reached a decision of their own (not too few, censored)
+    read_as: str = ""  # the claim's fallback_label where a run was judged on its fallback metric
 
 
 @dataclass(frozen=True)
@@ -366,6 +371,9 @@ def _check_names(where: str, claim: Claim) -> None:
             raise InputError(f"{where}: {key}: unknown setting(s) {unknown}")
     if claim.metric and claim.metric not in METRICS:
         raise InputError(f"{where}: metric: unknown metric {claim.metric!r}")
+    if claim.fallback_metric and (claim.fallback_metric not in METRICS or not claim.fallback_label):
+        raise InputError(f"{where}: fallback_metric: expected a known metric with its fallback_label "
+                         f"(what a verdict on it says), got {claim.fallback_metric!r}")
     unknown = sorted(set(claim.numerator + claim.denominator) - TRACE_METRICS)
     if unknown:
         raise InputError(f"{where}: numerator/denominator: unknown trace metric(s) {unknown}")
@@ -533,15 +541,19 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
     groups: list[Evidence] = []
     notes: list[str] = []
     left_out: list[str] = []  # groups whose arm ran out of a resource: outcomes (C17), not data
-    metric = claim.metric.removeprefix("trace.")
+    read_as: set[str] = set()
     # the factors any run of the experiment varies: groups of two runs (a profile that fixes a
     # factor the other varies) get the same labels, and the better evidence of a group is kept
     factors = list(dict.fromkeys(k for run in runs for k in run.spec.grid))
     for run in runs:
         traced = claim.metric.startswith("trace.")
         source = run.traces if traced else run.trials
+        metric, fell_back = _metric_read(claim, run, source)
         if source.empty or metric not in source:
             continue
+        if fell_back:
+            read_as.add(claim.fallback_label)
+            notes.append(fell_back)
         frame = _with_fixed(source, run.spec, claim)
         frame = frame[_selected(frame, claim.where)]
         varied = set(claim.compare) | set(claim.against)
@@ -559,7 +571,7 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
             paper = _paper_evidence(claim, {**run.spec.fixed, **where})
             if a and b and _timed_out(claim, run, where, traced):
                 groups.append(replace(_group(claim, label, a, b, minimum), decision=CENSORED, **paper))
-            elif a and b and (readings := _readings(claim, run, where)):
+            elif a and b and (readings := _readings(metric, claim, run, where)):
                 groups.append(replace(_group(claim, label, a, b, minimum), decision=READ_APART, **paper))
                 notes.append(f"{label}: energy read as {' / '.join(readings)}")
             elif a and b:
@@ -574,7 +586,7 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
         return Verdict(claim, "inconclusive", "every group left out: " + "; ".join(left_out))
     if not groups:
         return Verdict(claim, "not run", f"no trials of {claim.experiment} match the comparison")
-    return _verdict(claim, groups, left_out + notes)
+    return replace(_verdict(claim, groups, left_out + notes), read_as=" / ".join(sorted(read_as)))
 
 
 def _in_grid_order(groups: Any, keys: list[str], spec: Spec) -> list[tuple[Any, pd.DataFrame]]:
@@ -623,11 +635,24 @@ def _resource_outcome(claim: Claim, run: Results, group: Mapping[str, Any], trac
     return ""
 
 
-def _readings(claim: Claim, run: Results, group: Mapping[str, Any]) -> list[str]:
+def _metric_read(claim: Claim, run: Results, source: pd.DataFrame) -> tuple[str, str]:
+    """The metric a run is judged on, and why it is the claim's fallback where it is: the
+    claim's metric, or its `fallback_metric` where the run measured none of the first (E2, E3:
+    GPU and CPU-package energy, GPU energy alone where the packages could not be read)."""
+    metric = claim.metric.removeprefix("trace.")
+    if not claim.fallback_metric or (metric in source and source[metric].notna().any()) \
+            or claim.fallback_metric not in source:
+        return metric, ""
+    why = next((r.get("unmeasured", {}).get(metric) for _, r in run.attempts
+                if r["status"] == "ok" and r.get("unmeasured", {}).get(metric)), "not measured")
+    return claim.fallback_metric, f"{claim.fallback_label}: {metric} not measured ({why})"
+
+
+def _readings(metric: str, claim: Claim, run: Results, group: Mapping[str, Any]) -> list[str]:
     """For an energy metric, the ways its ok trials in the group's two arms were read, where
     there are several (NVML's counter and power integrated over a short window, say); []
     otherwise."""
-    keys = ENERGY_READINGS.get(claim.metric, ())
+    keys = ENERGY_READINGS.get(metric, ())
     found = {" + ".join(str((r.get("measured_how") or {}).get(k)) for k in keys)
              for arm in (claim.against, claim.compare)
              for r in _arm_attempts(claim, run, group, arm, False) if r["status"] == "ok"} if keys else set()

@@ -392,7 +392,8 @@ class CpuEnergyMeter:
 
 # --- one trial's energy metrics from its ranks ------------------------------------------------
 
-ENERGY_METRICS = ("energy_j", "energy_per_sample_j", "mean_power_w", "cpu_energy_j")
+ENERGY_METRICS = ("energy_j", "energy_per_sample_j", "mean_power_w", "cpu_energy_j",
+                  "node_energy_per_sample_j")
 
 
 def rank_record(gpu: Energy, cpu: Energy | None) -> dict[str, Any]:
@@ -404,8 +405,10 @@ def rank_record(gpu: Energy, cpu: Energy | None) -> dict[str, Any]:
 
 def trial_metrics(ranks: Sequence[dict[str, Any]], samples: float, seconds: float
                   ) -> tuple[dict[str, float | None], dict[str, str]]:
-    """energy_j (every trial GPU), energy_per_sample_j, mean_power_w (over `seconds`) and
-    cpu_energy_j (every node's packages), with why each null one is null."""
+    """energy_j (every trial GPU), energy_per_sample_j, mean_power_w (over `seconds`),
+    cpu_energy_j (every node's packages) and node_energy_per_sample_j (the GPUs and the CPU
+    packages together: a loader decoding on the CPU spends energy there), with why each null one
+    is null."""
     unrecorded = "the rank recorded no energy"
     gpu = total([(f"rank {r.get('rank', i)}", Energy(r.get("gpu_energy_j"), r.get("gpu_energy_source"),
                                               r.get("gpu_energy_reason") or unrecorded))
@@ -413,13 +416,17 @@ def trial_metrics(ranks: Sequence[dict[str, Any]], samples: float, seconds: floa
     cpu = total([(f"rank {r.get('rank', i)}", Energy(r["cpu_energy_j"], "counter",
                                                      r.get("cpu_energy_reason") or unrecorded))
                  for i, r in enumerate(ranks) if r.get("measures_cpu")])
+    node = total([("the GPUs", gpu), ("the CPU packages", cpu)])
     metrics = {"energy_j": gpu.joules, "energy_per_sample_j": per_unit(gpu.joules, samples),
-               "mean_power_w": mean_power(gpu.joules, seconds), "cpu_energy_j": cpu.joules}
+               "mean_power_w": mean_power(gpu.joules, seconds), "cpu_energy_j": cpu.joules,
+               "node_energy_per_sample_j": per_unit(node.joules, samples)}
     why_gpu = gpu.reason if gpu.joules is None else None
     reasons = {"energy_j": why_gpu,
                "energy_per_sample_j": why_gpu or "no sample was trained",
                "mean_power_w": why_gpu or "a zero-length window",
-               "cpu_energy_j": cpu.reason or "no measurement"}
+               "cpu_energy_j": cpu.reason or "no measurement",
+               "node_energy_per_sample_j": (node.reason if node.joules is None else None)
+               or "no sample was trained"}
     return metrics, {k: str(v) for k, v in reasons.items() if metrics[k] is None}
 
 

@@ -220,6 +220,7 @@ VISION_METRICS: tuple[str, ...] = (
     "energy_per_sample_j",
     "mean_power_w",
     "cpu_energy_j",
+    "node_energy_per_sample_j",
     "rank_cpu_s",
     "workers_cpu_s",
     "dali_threads_cpu_s",

@@ -681,3 +681,30 @@ def test_energy_read_two_ways_is_not_compared() -> None:
     assert apart.verdict == "inconclusive"
     assert "1 not compared, its arms' energy read differently (gpus=1)" in apart.why
     assert "energy read as NVML counter / NVML integrated power" in apart.why
+
+
+def test_e2_reads_gpu_and_cpu_energy_and_says_gpu_energy_only_where_rapl_is_unreadable() -> None:
+    questions = {q.id: q for q in claims.load(EXPERIMENTS / "energy_questions.toml")}
+    pinned = [1.0, 1.01, 0.99, 1.005, 0.995]
+    unpinned = [1.2, 1.21, 1.19, 1.205, 1.195]
+
+    def run(node: bool) -> dict[str, list[claims.Results]]:
+        rows = []
+        for pin, values in ((False, unpinned), (True, pinned)):
+            for t, v in enumerate(values):
+                rows.append({"pin_memory": pin, "gpus": 1, "trial": t, "energy_per_sample_j": v,
+                             "node_energy_per_sample_j": 2 * v if node else float("nan")})
+        records = [{"experiment": "table3_pin_memory", "config": {"pin_memory": r["pin_memory"], "gpus": 1},
+                    "config_id": f"{r['pin_memory']}-1", "trial": r["trial"], "status": "ok",
+                    "unmeasured": {} if node else {"node_energy_per_sample_j": "the CPU packages: "
+                                                   "permission denied (root only since Linux 5.10)"}}
+                   for r in rows]
+        return results("table3_pin_memory", rows, records=records)
+
+    both = claims.judge(questions["E2"], run(node=True))
+    assert both.verdict == "supported" and both.read_as == ""
+    assert both.evidence[0].value == pytest.approx(1.2, rel=0.01)
+    gpu_only = claims.judge(questions["E2"], run(node=False))
+    assert gpu_only.verdict == "supported" and gpu_only.read_as == "GPU energy only"
+    assert "GPU energy only: node_energy_per_sample_j not measured (the CPU packages: permission denied" \
+        in gpu_only.why

@@ -112,7 +112,8 @@ def test_a_trial_sums_its_gpus_and_its_nodes_packages() -> None:
              {"rank": 1, **energy.rank_record(Energy(310.0, "counter"), None)}]  # same node
     metrics, reasons = energy.trial_metrics(ranks, samples=6000, seconds=2.0)
     assert metrics == pytest.approx({"energy_j": 610.0, "energy_per_sample_j": 610.0 / 6000,
-                                     "mean_power_w": 305.0, "cpu_energy_j": 50.0})
+                                     "mean_power_w": 305.0, "cpu_energy_j": 50.0,
+                                     "node_energy_per_sample_j": 660.0 / 6000})  # GPUs + packages
     assert reasons == {}
 
 
@@ -124,7 +125,8 @@ def test_a_cpu_trial_records_every_energy_as_null_with_its_reason() -> None:
     assert set(metrics.values()) == {None}
     no_gpu = "rank 0: CPU run: no GPU"
     assert reasons == {"energy_j": no_gpu, "energy_per_sample_j": no_gpu, "mean_power_w": no_gpu,
-                       "cpu_energy_j": "rank 0: no RAPL package domain"}
+                       "cpu_energy_j": "rank 0: no RAPL package domain",
+                       "node_energy_per_sample_j": f"the GPUs: {no_gpu}"}
 
 
 def test_a_window_of_a_sampled_counter_is_interpolated() -> None:
@@ -146,7 +148,8 @@ def test_a_null_energy_metric_never_has_the_reason_none() -> None:
     metrics, reasons = energy.trial_metrics(ranks, samples=0, seconds=0.0)
     assert metrics["energy_j"] == 50.0 and metrics["energy_per_sample_j"] is None
     assert reasons == {"energy_per_sample_j": "no sample was trained", "mean_power_w": "a zero-length window",
-                       "cpu_energy_j": "no device to measure"}
+                       "cpu_energy_j": "no device to measure",
+                       "node_energy_per_sample_j": "the CPU packages: no device to measure"}
 
 
 def test_the_cpu_meter_follows_a_counter_that_wraps_more_than_once(tmp_path: Path) -> None:

@@ -453,7 +453,8 @@ def _verdicts(runs: list[RunData], claim_list: list[claims.Claim]) -> tuple[pd.D
                                              POWER_DRAWS)
                for v in verdicts]
     table = pd.DataFrame([{
-        "claim": v.claim.id, "the paper says": v.claim.text, "paper": v.claim.paper,
+        "claim": v.claim.id, "the paper says": v.claim.text + (f" ({v.read_as})" if v.read_as else ""),
+        "paper": v.claim.paper,
         "verdict": v.verdict, "Holm-adjusted": holm, "reproduced if": criterion_text(v.claim),
         "ours [95% CI]": evidence_text(v.evidence), "why": v.why,
         "first group": evidence_text(v.evidence, shown=1),
