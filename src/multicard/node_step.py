@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from multicard import artifact, cluster, launch, telemetry
+from multicard import artifact, cluster, launch, observe, telemetry
 from multicard.cli import OneLineParser
 from multicard.data import page_cache
 from multicard.errors import InputError
@@ -80,18 +80,20 @@ def main(argv: list[str] | None = None) -> int:
     artifact.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
     if args.page_cache:
         page_cache.apply(args.page_cache, args.page_cache_tree)
-    returncode = run_forwarding_signals(command, env, where)
+    returncode = run_forwarding_signals(command, env, where, args.dir)
     report |= {"returncode": returncode, "wall_s": round(time.time() - report["started_unix"], 3)}
     artifact.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
     return returncode if returncode >= 0 else 128 - returncode
 
 
-def run_forwarding_signals(command: list[str], env: dict[str, str], where: Path) -> int:
+def run_forwarding_signals(command: list[str], env: dict[str, str], where: Path, trial_dir: Path) -> int:
     """torchrun as a child: it dies with this process (a node part killed with SIGKILL leaves no
     trainer behind), and a stop the launcher sends (srun forwards scancel's SIGTERM) reaches it."""
     parent = os.getpid()
     launch.become_subreaper()
-    with (where / "stdout.log").open("wb") as stdout, (where / "stderr.log").open("wb") as stderr:
+    # this node's ranks ask, mid-epoch, to be looked at from outside (multicard.observe)
+    with (where / "stdout.log").open("wb") as stdout, (where / "stderr.log").open("wb") as stderr, \
+            observe.Observer(trial_dir):
         child = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env,
                                  preexec_fn=lambda: launch.set_parent_death_signal(parent))
 

@@ -405,40 +405,26 @@ def placement(processes: list[dict[str, Any]], home: int | None,
 
 
 class PlacementProbe:
-    """Snapshots a rank and its worker processes once, from a thread, while the rank trains.
-
-    Reading numa_maps walks the process's mappings (milliseconds); doing it from a side thread
-    keeps the training step from waiting on it. Only experiments that ask for evidence run it.
-    """
+    """Where a rank and its worker processes are: their numa_maps and allowed CPUs, read once
+    mid-epoch from outside the rank (multicard.observe: reading numa_maps takes the process's
+    mmap_lock, so not on the rank's clock), against the rank's GPU's node. Only experiments that
+    ask for evidence run it."""
 
     def __init__(self, out_dir: Path, label: str, device: str, local_rank: int,
                  gpu_uuid: str | None = None) -> None:
-        import os
-        import threading
-
         topology = live(with_links=False)
         # the rank's GPU by the UUID its CUDA reports, which CUDA_VISIBLE_DEVICES cannot renumber
         self.home = home_node(topology, device, local_rank, gpu_uuid=gpu_uuid)
         node = topology.node(self.home) if self.home is not None else None
         self.home_cpus = node.cpus if node else []
-        self.out_dir, self.label, self.pid = out_dir, label, os.getpid()
-        self.processes: list[dict[str, Any]] = []
-        self._thread = threading.Thread(target=self._collect, daemon=True)
+        self.out_dir, self.label = out_dir, label
 
-    def _collect(self) -> None:
-        rank = snapshot(self.pid, "rank", self.out_dir, self.label)
-        workers = [snapshot(pid, "worker", self.out_dir, self.label) for pid in children(self.pid)]
-        self.processes = [p for p in [rank, *workers] if p is not None]
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def finish(self) -> dict[str, Any]:
-        """Placement metrics plus whether every worker kept its rank's CPU list."""
-        if self._thread.ident:  # started: wait for the snapshot to finish
-            self._thread.join()
-        rank = [p for p in self.processes if p["role"] == "rank"]
-        workers = [p for p in self.processes if p["role"] == "worker"]
+    def finish(self, processes: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """Placement metrics of the snapshots taken (numa.snapshot of the rank and its workers),
+        plus whether every worker kept its rank's CPU list."""
+        processes = processes or []
+        rank = [p for p in processes if p["role"] == "rank"]
+        workers = [p for p in processes if p["role"] == "worker"]
         inherit = all(w["cpus"] == rank[0]["cpus"] for w in workers) if rank and workers else None
-        return {**placement(self.processes, self.home, self.home_cpus), "numa_home_node": self.home,
+        return {**placement(processes, self.home, self.home_cpus), "numa_home_node": self.home,
                 "numa_workers_seen": len(workers), "numa_workers_inherit_cpus": inherit}

@@ -38,6 +38,11 @@ def cpu_seconds(pids: Sequence[int]) -> tuple[float | None, str | None]:
     return total, None
 
 
+def affinities(pid: int, workers: Sequence[int]) -> dict[str, Any]:
+    """The CPUs a rank and each of its live workers may run on (pytorch#101850: they can change)."""
+    return {"rank": affinity(pid), "workers": {str(w): affinity(w) for w in workers}}
+
+
 def affinity(pid: int) -> list[int] | None:
     """The CPUs `pid` may run on (its cpuset, taskset, numactl), None where it cannot be read."""
     try:
@@ -148,6 +153,20 @@ class GpuProcesses:
         self.reason = None if self.held else ("NVML lists none of this rank's processes (a container's "
                                               "PID namespace hides the host PIDs NVML reports)")
 
+    def fold(self, processes: Sequence[tuple[int, str, int | None]] | None, why: str | None) -> None:
+        """Add what an observer saw from outside mid-epoch (multicard.observe: the rank's and its
+        workers' (pid, GPU, bytes)), or keep why it saw nothing where this rank saw nothing either."""
+        if self.trains_on is None or self.trains_on.startswith("MIG-"):
+            return
+        if processes is None:
+            if not self.held and why:
+                self.reason = why
+            return
+        for pid, gpu, used in processes:
+            note_held(self.held, gpu, [(pid, used)], {pid})
+        if self.held:
+            self.reason = None
+
     def record(self) -> dict[str, Any]:
         if self.reason is not None:
             return {"gpu_memory_by_process": None, "stray_contexts": None,
@@ -162,9 +181,10 @@ class GpuProcesses:
 
 class RankUsage:
     """CPU seconds of a rank (its own threads: DALI's, pin_memory's), of DALI's threads alone and
-    of its loader workers over the `with` block, and the CPUs each may run on, read by
-    `snapshot` while the workers live. A worker that ended in the block (non-persistent workers
-    end every epoch) is counted through the rank's reaped-children times."""
+    of its loader workers over the `with` block, and the CPUs each may run on (`affinity`, seen
+    mid-epoch from outside: multicard.observe). A worker that ended in the block
+    (non-persistent workers end every epoch) is counted through the rank's reaped-children
+    times."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -211,14 +231,6 @@ class RankUsage:
             return named_threads_cpu(self.pid, DALI_THREAD_PREFIX)
         except OSError:  # /proc/<pid>/task unreadable: the rank's total still holds them
             return {}
-
-    def snapshot(self) -> None:
-        """The CPUs the rank and each live worker may run on (pytorch#101850: they can change)."""
-        from multicard import telemetry
-
-        workers = sorted(set(telemetry.process_tree(self.pid)) - {self.pid})
-        self.affinity = {"rank": affinity(self.pid),
-                         "workers": {str(pid): affinity(pid) for pid in workers}}
 
     def record(self, seconds: float) -> dict[str, Any]:
         """rank_cpu_s (DALI's threads included), dali_threads_cpu_s, workers_cpu_s and the mean

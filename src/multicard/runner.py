@@ -43,6 +43,7 @@ from multicard import (
     energy,
     kinds,
     launch,
+    observe,
     store,
     telemetry,
 )
@@ -560,7 +561,9 @@ def _execute(argv: list[str], env: dict[str, str], trial_dir: Path, timeout_s: f
     # CPU of every process of the launch that was waited for (torchrun waits for its ranks, a
     # rank for its workers): the whole launch, start-up and model loading included
     cpu_before, t_launch = launch_cpu_seconds(), time.monotonic()
-    with (trial_dir / "stdout.log").open("wb") as stdout, (trial_dir / "stderr.log").open("wb") as stderr:
+    # the observer answers the ranks' mid-epoch requests from outside (multicard.observe)
+    with (trial_dir / "stdout.log").open("wb") as stdout, (trial_dir / "stderr.log").open("wb") as stderr, \
+            observe.Observer(trial_dir):
         proc = subprocess.Popen(
             argv, stdout=stdout, stderr=stderr, env=env, start_new_session=True,
             preexec_fn=lambda: launch.set_parent_death_signal(runner_pid),

@@ -47,7 +47,7 @@ def test_a_rank_counts_its_workers_even_the_ended_ones() -> None:
     with resources.RankUsage() as usage:
         live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         subprocess.run(burn, check=True)  # a worker that ends (and is reaped) inside the block
-        usage.snapshot()
+        usage.affinity = resources.affinities(os.getpid(), [live.pid])  # as the observer sees it
     live.kill()
     live.wait()
     found = usage.record(seconds=1.0)

@@ -43,7 +43,7 @@ import torchvision  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 
-from multicard import artifact, devices, energy, numa, params, precision, resources  # noqa: E402
+from multicard import artifact, devices, energy, numa, observe, params, precision, resources  # noqa: E402
 from multicard.data import mnist, scenario_b  # noqa: E402
 from multicard.launch import DROPPED_ENV, die_with_agent  # noqa: E402
 from multicard.loaders import LOADERS, LoaderConfig  # noqa: E402
@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     epoch_times, step_times, step_spans, h2d, timed_sizes = [], [], [], [], set()
     timer: BatchTimer[Any] = BatchTimer()
     samples = 0
+    asked = False  # whether the runner was asked to look at this rank (observe)
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     util = GpuUtilSampler(uuid)
     # each rank its GPU's energy; the first rank of a node its CPU packages' (node level)
@@ -200,11 +201,9 @@ def main(argv: list[str] | None = None) -> None:
             for step in range(steps_per_epoch):
                 clock.mark()
                 if epoch == 0 and step == steps_per_epoch // 2:
-                    usage.snapshot()  # mid-epoch: the workers are alive
-                    # (a few ms of NVML queries, once per trial, inside the clock)
-                    gpu_processes.look()
-                    if probe:
-                        probe.start()  # and have touched their data
+                    # mid-epoch: the workers are alive and have touched their data; the runner
+                    # looks at them from outside (one small file here, the scans off this clock)
+                    asked = observe.ask(args.out, rank, probe.out_dir if probe else None, f"rank{rank}")
                 # The first wait counts from the epoch start: worker start-up is the pause.
                 images, labels, _ = timer.next_batch(batches, loader.to_device,
                                                      t_epoch if step == 0 else None, tracer.range)
@@ -233,6 +232,9 @@ def main(argv: list[str] | None = None) -> None:
     # memory at the end of training: evaluation's larger batches must not set the peak
     memory = end_of_training_memory(device, uuid)
     gpu_processes.look()
+    seen = observe.answer(args.out, rank, asked)  # what the runner saw mid-epoch 0
+    usage.affinity = seen.affinity
+    gpu_processes.fold(seen.gpu_processes, seen.gpu_processes_reason or seen.reason)
 
     accuracy, test_images = None, None
     if args.mode == "train":
@@ -267,7 +269,9 @@ def main(argv: list[str] | None = None) -> None:
         "pid": os.getpid(),
         "gpu_uuid": uuid,
         "parent_death": parent_death,
-        **(probe.finish() if probe else {}),
+        "observed_s": seen.took_s,  # how long each look from outside took (off this clock)
+        "observed_reason": seen.reason,
+        **(probe.finish(seen.numa) if probe else {}),
     }
     gathered: list[dict[str, Any]] = [{} for _ in range(world)]
     dist.all_gather_object(gathered, local)
