@@ -9,9 +9,13 @@ validated its `--numa-binding` with AMD Zen's fill counters, far vs near. Per CP
 `python -m multicard.counters PERF_DIR -- CMD...` runs in front of a rank: it first tries the
 events on `true` (perf refuses an event the CPU, the VM or the kernel does not offer without
 running anything, which would fail the trial), then replaces itself with
-`perf stat -x, -e FAR,NEAR -o PERF_DIR/rank<RANK>.csv -- CMD` (children counted too: the
-rank's DataLoader workers), or, where the counters are not available, writes the reason to
-PERF_DIR/rank<RANK>.json and runs CMD as it is. The runner reads both after the trial.
+`perf stat -x, -e FAR,NEAR --delay=-1 --control=fd:CTL,ACK -o PERF_DIR/rank<RANK>.csv -- CMD`
+(children counted too: the rank's DataLoader workers): the events start disabled, and the rank
+enables them where its clock starts and disables them where it stops (Window), so imports,
+warm-up and evaluation are not counted. A perf without --control counts the whole rank, and says
+so. Where the counters are not available it writes the reason to PERF_DIR/rank<RANK>.json and
+runs CMD as it is. The runner reads both after the trial, and how the counts were taken
+(`rank<RANK>.how.json`; user space only where perf fell back to `EVENT:u`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,14 @@ def event_name(field: str) -> str:
     name = re.sub(r":[ukhHGpPI]+$", "", field.strip())
     pmu = re.fullmatch(r"[\w.-]+/([^=/,]+)/[ukhHGpPI]*", name)
     return pmu.group(1) if pmu else name
+
+
+def user_only(text: str) -> bool:
+    """Whether perf counted user space only: its fallback under perf_event_paranoid 2, which it
+    marks by printing the events as `EVENT:u` (kernel-side fills are then not counted)."""
+    return any(re.search(r":[hHGpPI]*u[hHGpPI]*/?$", fields[2].strip())
+               for line in text.splitlines()
+               if not line.startswith("#") and len(fields := line.split(",")) >= 3 and fields[2])
 
 
 def parse_perf_csv(text: str) -> dict[str, int | None]:
@@ -100,6 +112,20 @@ def trial_metrics(perf_dir: Path, ranks: int) -> tuple[dict[str, Any], dict[str,
     return metrics, {} if both else {"far_dram_fraction": "no DRAM fill or load was counted"}
 
 
+def how_counted(perf_dir: Path, ranks: int) -> str | None:
+    """How the ranks' counts were taken, in words (a trial's measured_how): over the timed epochs
+    or the whole rank, and all events or user space only; None without counts."""
+    said = set()
+    for rank in range(ranks):
+        csv, how = perf_dir / f"rank{rank}.csv", perf_dir / f"rank{rank}.how.json"
+        if not csv.exists() or not how.exists():
+            return None
+        window = str(json.loads(how.read_text()).get("window"))
+        said.add(f"perf stat over {window}" + (", user space only (perf fell back to EVENT:u)"
+                                               if user_only(csv.read_text(errors="replace")) else ""))
+    return "; ".join(sorted(said)) or None
+
+
 def _rank_file(perf_dir: Path, rank: int) -> tuple[tuple[int, int] | None, str]:
     csv, note = perf_dir / f"rank{rank}.csv", perf_dir / f"rank{rank}.json"
     if note.exists():
@@ -143,6 +169,27 @@ def probe_verdict(events: tuple[str, str], returncode: int, stderr: str
     return (events, None) if why is None else (None, why)
 
 
+def has_control() -> bool:
+    """Whether this perf can start with its events disabled and take enable/disable commands."""
+    try:
+        shown = subprocess.run(["perf", "stat", "-h"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    text = shown.stdout + shown.stderr
+    return "--control" in text and "--delay" in text
+
+
+def perf_argv(events: Sequence[str], csv: Path, control: tuple[int, int] | None,
+              command: Sequence[str]) -> list[str]:
+    """perf stat around the rank; with `control` (its command and acknowledgement fds) the
+    events start disabled, for the rank to enable over its timed epochs (Window)."""
+    window = ["--delay=-1", f"--control=fd:{control[0]},{control[1]}"] if control else []
+    return ["perf", "stat", "-x", ",", "-e", ",".join(events), *window, "-o", str(csv), "--", *command]
+
+
+CONTROL_ENV = "MULTICARD_PERF_CONTROL"  # "CTL_FD,ACK_FD" the rank inherits from perf
+
+
 def main(argv: list[str]) -> None:
     if len(argv) < 3 or argv[1] != "--":
         sys.exit("usage: python -m multicard.counters PERF_DIR -- CMD...")
@@ -154,8 +201,57 @@ def main(argv: list[str]) -> None:
         (out / f"rank{rank}.json").write_text(json.dumps({"reason": why}))
         os.execvp(command[0], command)
     (out / f"rank{rank}.events.json").write_text(json.dumps(list(events)))
-    os.execvp("perf", ["perf", "stat", "-x", ",", "-e", ",".join(events),
-                       "-o", str(out / f"rank{rank}.csv"), "--", *command])
+    control = None
+    if has_control():
+        fds = []
+        for name in ("ctl", "ack"):  # fifos opened read-write: neither end blocks on open
+            fifo = out / f"rank{rank}.{name}"
+            fifo.unlink(missing_ok=True)
+            os.mkfifo(fifo)
+            fds.append(os.open(fifo, os.O_RDWR))
+            os.set_inheritable(fds[-1], True)
+        control = (fds[0], fds[1])
+        os.environ[CONTROL_ENV] = f"{control[0]},{control[1]}"
+    window = "the timed epochs" if control else "the whole rank (this perf has no --control)"
+    (out / f"rank{rank}.how.json").write_text(json.dumps({"window": window}))
+    os.execvp("perf", perf_argv(events, out / f"rank{rank}.csv", control, command))
+
+
+class Window:
+    """perf stat's counters over the timed epochs only: enabled where the rank's clock starts,
+    disabled where it stops, through the control fds perf handed down (CONTROL_ENV); nothing
+    where the rank runs without them. Entered with the rank's other meters (timing.start_together)."""
+
+    ACK_TIMEOUT_S = 10.0
+
+    def __init__(self, environ: Mapping[str, str] = os.environ) -> None:
+        found = environ.get(CONTROL_ENV)
+        self.fds = tuple(int(fd) for fd in found.split(",")) if found else None
+        self.error: str | None = None
+
+    def __enter__(self) -> Window:
+        return self
+
+    def mark_start(self) -> None:
+        self._send(b"enable\n")
+
+    def __exit__(self, *exc: object) -> None:
+        self._send(b"disable\n")
+
+    def _send(self, command: bytes) -> None:
+        """The command, then perf's acknowledgement ("ack\n"): the counters are on (off) once
+        this returns."""
+        if self.fds is None or self.error:
+            return
+        import select
+
+        ctl, ack = self.fds
+        os.write(ctl, command)
+        ready, _, _ = select.select([ack], [], [], self.ACK_TIMEOUT_S)
+        if not ready:
+            self.error = f"perf did not acknowledge {command.decode().strip()!r}"
+            return
+        os.read(ack, 16)
 
 
 if __name__ == "__main__":

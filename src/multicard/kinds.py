@@ -103,12 +103,16 @@ def vision_result(trial_dir: Path, settings: Settings) -> dict[str, Any] | None:
     result = read_result(trial_dir, settings)
     if result is None:
         return None
+    how = None
     if settings.get("numa_counters"):
         found, why = counters.trial_metrics(trial_dir / counters.DIRECTORY, int(result["world_size"]))
+        how = counters.how_counted(trial_dir / counters.DIRECTORY, int(result["world_size"]))
     else:
         found, why = dict.fromkeys(counters.METRICS), dict.fromkeys(counters.METRICS, "numa_counters is off")
     result["metrics"] |= found
     result["unmeasured"] = {**result.get("unmeasured", {}), **why}
+    if how is not None:
+        result["measured_how"] = {**result.get("measured_how", {}), **dict.fromkeys(counters.METRICS, how)}
     return result
 
 

@@ -108,3 +108,44 @@ def test_the_wrapper_runs_the_rank_and_says_why_it_counted_nothing_here(tmp_path
                          env={**os.environ, "RANK": "3"}, check=True)
     assert ran.stdout == "the rank ran\n"
     assert json.loads((tmp_path / "rank3.json").read_text()) == {"reason": why}
+
+
+def test_perf_is_told_to_start_disabled_where_it_can_be_controlled() -> None:
+    argv = counters.perf_argv(AMD, Path("r0.csv"), (5, 6), ["python", "rank.py"])
+    assert argv == ["perf", "stat", "-x", ",", "-e", ",".join(AMD), "--delay=-1", "--control=fd:5,6",
+                    "-o", "r0.csv", "--", "python", "rank.py"]
+    assert "--control=fd:5,6" not in counters.perf_argv(AMD, Path("r0.csv"), None, ["x"])
+
+
+def test_how_the_counts_were_taken_is_recorded_user_space_only_included(tmp_path: Path) -> None:
+    counted = (PERF / "amd_zen_fills.csv").read_text()
+    assert not counters.user_only(counted)
+    user = "\n".join(f"{n},,{e}:u,1000,100.00,," for n, e in zip((5, 7), AMD, strict=True))
+    assert counters.user_only(user)
+    (tmp_path / "rank0.csv").write_text(user)
+    (tmp_path / "rank0.how.json").write_text(json.dumps({"window": "the timed epochs"}))
+    assert counters.how_counted(tmp_path, 1) == ("perf stat over the timed epochs, user space only "
+                                                 "(perf fell back to EVENT:u)")
+    assert counters.how_counted(tmp_path, 2) is None  # rank 1 has no counts
+
+
+@pytest.mark.skipif(shutil.which("perf") is None or not counters.has_control(),
+                    reason="no perf with --control here")
+def test_the_window_counts_the_timed_part_only_with_a_real_perf(tmp_path: Path) -> None:
+    fds = []
+    for name in ("ctl", "ack"):
+        os.mkfifo(tmp_path / name)
+        fds.append(os.open(tmp_path / name, os.O_RDWR))
+    rank = ("import time\nfrom multicard import counters\n"
+            "def busy(s):\n    t = time.process_time()\n    while time.process_time() - t < s: pass\n"
+            "busy(0.4)  # imports and warm-up: not counted\n"
+            "with counters.Window() as w:\n    w.mark_start()\n    busy(0.3)\n"
+            "busy(0.4)  # evaluation: not counted\n")
+    csv = tmp_path / "rank0.csv"
+    argv = counters.perf_argv(["task-clock"], csv, (fds[0], fds[1]), [sys.executable, "-c", rank])
+    done = subprocess.run(argv, pass_fds=fds, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, counters.CONTROL_ENV: f"{fds[0]},{fds[1]}"})
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in csv.read_text().splitlines() if "task-clock" in x)
+    counted_ms = float(line.split(",")[0])
+    assert 250 < counted_ms < 650, line  # the 0.3 s window, not the 1.1 s the process ran

@@ -43,7 +43,7 @@ import torchvision  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 
-from multicard import artifact, devices, energy, numa, observe, params, precision, resources  # noqa: E402
+from multicard import artifact, counters, devices, energy, numa, observe, params, precision, resources  # noqa: E402
 from multicard.data import mnist, scenario_b  # noqa: E402
 from multicard.launch import DROPPED_ENV, die_with_agent  # noqa: E402
 from multicard.loaders import LOADERS, LoaderConfig  # noqa: E402
@@ -188,8 +188,8 @@ def main(argv: list[str] | None = None) -> None:
         meters = sampling.enter_context(ExitStack())
         # samplers first, then the barrier: every rank's clock starts right after it; the GPU's
         # meters last, so their windows start after, and end before, the others' reads
-        t_train = start_together([usage, *([cpu_energy] if cpu_energy else []), util, gpu_energy],
-                                 dist.barrier, meters)
+        t_train = start_together([usage, counters.Window(), *([cpu_energy] if cpu_energy else []), util,
+                                  gpu_energy], dist.barrier, meters)
         timeline["clock_start"] = time.time()
         tracer.start()
         for epoch in range(args.epochs):
