@@ -148,7 +148,7 @@ def vision_unrunnable(settings: Settings, trace: str, machine: Machine) -> Reaso
         return "DaliNotInstalled", "loader = 'dali' but nvidia.dali is not installed here"
     policy = str(settings.get("numa_policy", "none"))
     if policy in numa.TORCHRUN_POLICIES:
-        return torchrun_binding_unrunnable(policy, str(settings["device"]), machine)
+        return torchrun_binding_unrunnable(policy, str(settings["device"]), machine, int(settings["gpus"]))
     if policy != "none":
         if not machine.numactl:
             return "NumactlNotInstalled", f"numa_policy = {policy!r} needs numactl on PATH"
@@ -162,8 +162,10 @@ def vision_unrunnable(settings: Settings, trace: str, machine: Machine) -> Reaso
     return None
 
 
-def torchrun_binding_unrunnable(policy: str, device: str, machine: Machine) -> Reason:
-    """Why torchrun's own `--numa-binding` cannot bind this config's ranks here, or None."""
+def torchrun_binding_unrunnable(policy: str, device: str, machine: Machine, gpus: int = 1) -> Reason:
+    """Why torchrun's own `--numa-binding` cannot bind this config's ranks here, or None: among
+    the reasons, a GPU of the trial whose NUMA node is unknown (sysfs says -1), which torchrun
+    would take for node 0."""
     # the device first: a CPU run gives the same reason under every torch
     if device != "cuda":
         return "TorchrunBindingNeedsGpu", (f"numa_policy = {policy!r}: torchrun binds each worker near "
@@ -177,6 +179,11 @@ def torchrun_binding_unrunnable(policy: str, device: str, machine: Machine) -> R
                                                f"offers {', '.join(sorted(modes))}, not {mode}")
     if not machine.numactl:
         return "NumactlNotInstalled", f"numa_policy = {policy!r}: torchrun's binding runs numactl"
+    for local_rank in range(gpus):
+        if numa.home_node(machine.topology, device, local_rank, machine.cuda_visible_devices) is None:
+            return "GpuNumaNodeUnknown", (f"numa_policy = {policy!r}: the NUMA node of the trial's GPU "
+                                          f"{local_rank} is unknown (sysfs says -1), which torchrun "
+                                          "would take for node 0")
     return None
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import multicard
-from multicard import params
+from multicard import devices, params
 from multicard.numa import TORCHRUN_POLICIES
 from multicard.params import Value
 
@@ -105,11 +105,25 @@ def allocated_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def own_gpus(device: str, gpus: int, shown: Sequence[devices.GpuIdentity]) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES of a one-node trial: its own GPUs only (the first `gpus` of those
+    CUDA shows, by UUID), so that torchrun's `--numa-binding`, which divides a node's CPUs among
+    the GPUs it sees, divides them among the trial's; {} on CPU or where a UUID is unknown."""
+    mine = list(shown)[:gpus]
+    if device != "cuda" or len(mine) < gpus or any(g.uuid is None for g in mine):
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g.uuid) for g in mine)}
+
+
+OMP_DEFAULTED = "MULTICARD_OMP_DEFAULTED"  # "1": the launcher chose OMP_NUM_THREADS, not the user
+
+
 def trial_env(base: Mapping[str, str], ranks_per_node: int, cpu_count: int | None) -> dict[str, str]:
     """The environment of a trial: the caller's, minus DROPPED_ENV, plus what makes it reproducible.
 
     OMP_NUM_THREADS: torchrun would default it to 1; we share the node's cores between the local
-    ranks instead (a CPU rank with one thread would leave cores idle). A value set by the user wins.
+    ranks instead (a CPU rank with one thread would leave cores idle), and a rank under a NUMA
+    binding takes its share of its own binding (multicard.numa_bind). A value set by the user wins.
     `cpu_count` None leaves it to each node's step (its own allocation, see multicard.node_step).
     """
     env = {k: v for k, v in base.items() if k not in DROPPED_ENV}
@@ -117,8 +131,9 @@ def trial_env(base: Mapping[str, str], ranks_per_node: int, cpu_count: int | Non
     # CUDA's default order is "fastest first"; PCI order makes CUDA index i the GPU that NVML,
     # nvidia-smi and the NUMA topology call i.
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    if cpu_count is not None:
-        env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count // ranks_per_node)))
+    if cpu_count is not None and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, cpu_count // ranks_per_node))
+        env[OMP_DEFAULTED] = "1"  # ours: a rank's binding may set its own (multicard.numa_bind)
     # The rank processes must import this same copy of the package (a source checkout included).
     package_root = str(Path(multicard.__file__).resolve().parents[1])
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -263,10 +278,10 @@ def _kill_self_when_gone(pid: int, handle: int | None) -> None:
 
 
 def rank_wrapper(numa_policy: str, device: str, inner: Sequence[str] = ()) -> list[str]:
-    """What runs in front of every rank: the numactl binder (outermost), then e.g. nsys;
-    torchrun's own policies need no wrapper (torchrun wraps the rank itself)."""
+    """What runs in front of every rank: the numactl binder (outermost), then e.g. nsys; under
+    torchrun's own policies (torchrun binds the rank itself) it only sets the rank's threads."""
     numa = [sys.executable, "-m", "multicard.numa_bind", numa_policy, device, "--"] \
-        if numa_policy != "none" and numa_policy not in TORCHRUN_POLICIES else []
+        if numa_policy != "none" else []
     return [*numa, *inner]
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +114,10 @@ def parse_numactl_hardware(text: str) -> Topology:
     ids = sorted(set(cpus) | set(sizes))
     if ids and ids[-1] >= MAX_NODES:
         raise ValueError(f"NUMA node {ids[-1]} is beyond any machine's {MAX_NODES} nodes")
+    claimed = re.search(r"^\s*available:\s*(\d+)\s+nodes?", text, re.M)
+    if claimed and int(claimed.group(1)) != len(ids):
+        raise ValueError(f"numactl says {claimed.group(1)} node(s) are available but lists "
+                         f"{len(ids)}: an output that contradicts itself (cut short, or not numactl's)")
     nodes = [Node(i, cpus.get(i, []), sizes.get(i)) for i in ids]
     return Topology(nodes=nodes, distances=_distances(text))
 
@@ -312,6 +316,21 @@ def _with_memory(topology: Topology) -> list[int]:
 def _nearest(topology: Topology, origin: int, candidates: list[int]) -> int:
     row = topology.distances.get(origin, {})
     return min(candidates, key=lambda n: (row.get(n, 10**6 if n != origin else 0), n))
+
+
+def bound_node(policy: str, topology: Topology, home: int | None) -> int | None:
+    """The node whose CPUs a numactl policy binds a rank to (local: its home; remote: the
+    farthest other node with CPUs); None where it binds no CPUs (none, interleave)."""
+    if policy in ("none", "interleave"):
+        return None
+    args = numactl_args(policy, topology, home)
+    return int(next(a for a in args if a.startswith("--cpunodebind=")).split("=", 1)[1])
+
+
+def omp_threads(own_cpus: Sequence[int], sharing: int) -> int:
+    """OpenMP threads for a rank bound to `own_cpus` that `sharing` local ranks share (each rank
+    its share of its own binding, not of every CPU the trial was allocated)."""
+    return max(1, len(own_cpus) // max(1, sharing))
 
 
 def numactl_args(policy: str, topology: Topology, home: int | None) -> list[str]:

@@ -4,26 +4,50 @@ torchrun starts this in place of the rank (`--no-python`); it reads LOCAL_RANK, 
 GPU through CUDA_VISIBLE_DEVICES (multicard.devices: CUDA device `LOCAL_RANK`, not NVML device
 `LOCAL_RANK`), its home node on this machine (multicard.numa), and replaces itself with
 `numactl <policy> CMD`. The binding is inherited by everything the rank starts, DataLoader
-workers included.
+workers included. Under torchrun's own `--numa-binding` (torchrun bound the rank already) it
+binds nothing. Either way it gives the rank OpenMP threads for its own binding: its share of the
+CPUs it is bound to among the local ranks bound to the same ones, where the launcher chose the
+thread count (launch.OMP_DEFAULTED), not a user.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 
-from multicard import numa
+from multicard import launch, numa
 
 
 def main(argv: list[str]) -> None:
     if len(argv) < 4 or argv[2] != "--":
         sys.exit("usage: python -m multicard.numa_bind POLICY DEVICE -- CMD...")
     policy, device, command = argv[0], argv[1], argv[3:]
-    topology = numa.live(with_links=False)
-    home = numa.home_node(topology, device, int(os.environ.get("LOCAL_RANK", "0")),
-                          os.environ.get("CUDA_VISIBLE_DEVICES"))
-    prefix = numa.numactl_args(policy, topology, home)
+    prefix, own, sharing = binding(policy, device, numa.live(with_links=False),
+                                   int(os.environ.get("LOCAL_RANK", "0")),
+                                   int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                                   os.environ.get("CUDA_VISIBLE_DEVICES"), os.sched_getaffinity(0))
+    if own and os.environ.get(launch.OMP_DEFAULTED) == "1":
+        os.environ["OMP_NUM_THREADS"] = str(numa.omp_threads(own, sharing))
     os.execvp(prefix[0] if prefix else command[0], [*prefix, *command])
+
+
+def binding(policy: str, device: str, topology: numa.Topology, local_rank: int, local_world: int,
+            cuda_visible_devices: str | None, allowed: Iterable[int]) -> tuple[list[str], list[int], int]:
+    """(the numactl prefix, the CPUs the rank is bound to, how many local ranks share them) for
+    one rank: under torchrun's policies the CPUs it was started on (`allowed`: torchrun bound
+    it), shared by the local ranks of its home node (by none under `exclusive`); under numactl's
+    the CPUs of the node it binds to; none under `interleave` (it binds memory only)."""
+    homes = [numa.home_node(topology, device, rank, cuda_visible_devices)
+             for rank in range(max(local_world, local_rank + 1))]
+    if policy in numa.TORCHRUN_POLICIES:
+        sharing = 1 if numa.TORCHRUN_POLICIES[policy] == "exclusive" else homes.count(homes[local_rank])
+        return [], sorted(allowed), sharing
+    prefix = numa.numactl_args(policy, topology, homes[local_rank])
+    targets = [numa.bound_node(policy, topology, home) for home in homes]
+    node = topology.node(targets[local_rank]) if targets[local_rank] is not None else None
+    own = sorted(set(node.cpus) & set(allowed)) if node else []
+    return prefix, own, targets.count(targets[local_rank])
 
 
 if __name__ == "__main__":

@@ -386,7 +386,8 @@ def trial_command(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path, 
     wait_policy = launch.cpu_trial_env(str(settings["device"]), os.environ)
     if nnodes == 1:
         argv, extra_env = kind.command(settings, trial_dir, data_dir, kinds.TrialLaunch(planned.trace))
-        return argv, launch.trial_env({**os.environ, **wait_policy, **extra_env}, gpus,
+        own = launch.own_gpus(str(settings["device"]), gpus, telemetry.visible_gpus())
+        return argv, launch.trial_env({**os.environ, **wait_policy, **own, **extra_env}, gpus,
                                       launch.allocated_cpus())
     assert nodes is not None  # run() refuses nnodes > 1 without them
     trial_key = f"{planned.config_id}-t{planned.trial}-{planned.trace}"

@@ -168,8 +168,9 @@ def test_a_rank_is_orphaned_when_re_parented_to_init_or_a_node_step() -> None:
 
 @pytest.mark.parametrize(("policy", "binding", "binder"), [
     ("none", None, False), ("local", None, True), ("interleave", None, True),
-    ("torchrun_node", "--numa-binding=node", False), ("torchrun_socket", "--numa-binding=socket", False),
-    ("torchrun_exclusive", "--numa-binding=exclusive", False)])
+    # torchrun's own binding: the binder in front only sets the rank's threads for its binding
+    ("torchrun_node", "--numa-binding=node", True), ("torchrun_socket", "--numa-binding=socket", True),
+    ("torchrun_exclusive", "--numa-binding=exclusive", True)])
 def test_each_numa_policy_binds_through_numactl_or_torchrun(
         tmp_path: Path, policy: str, binding: str | None, binder: bool) -> None:
     settings = params.resolve("vision", {"gpus": 2, "device": "cuda", "numa_policy": policy})
@@ -178,7 +179,7 @@ def test_each_numa_policy_binds_through_numactl_or_torchrun(
     flags = argv[:argv.index("--nproc-per-node=2") + 2]  # torchrun's own, before the rank's
     assert [f for f in flags if f.startswith("--numa-binding")] == ([binding] if binding else [])
     assert ("multicard.numa_bind" in argv) is binder
-    if binder:  # numactl's policies: the binder in front of every rank, through --no-python
+    if binder:  # the binder in front of every rank, through --no-python
         at = argv.index("--no-python")
         assert argv[at + 1:at + 6] == [sys.executable, "-m", "multicard.numa_bind", policy, "cuda"]
 

@@ -210,3 +210,35 @@ def test_mig_instances_are_refused_with_a_clear_message() -> None:
     topology = live_like("0000:1b:00.0", "0000:43:00.0", "0000:9b:00.0", "0000:c3:00.0")
     with pytest.raises(InputError, match=r"MIG instances \(MIG-4b2f"):
         numa.home_node(topology, "cuda", 0, "MIG-4b2f7e1c-9a3d-5e88-b2a1-3c1d0f9e8a77")
+
+
+def test_a_numactl_output_that_contradicts_itself_is_bad_input(tmp_path: Path) -> None:
+    claimed = tmp_path / "numactl.txt"
+    claimed.write_text("available: 99999999999 nodes (0-99999999998)\nnode distances:\n")
+    with pytest.raises(InputError, match="says 99999999999 node"):
+        numa.from_files([claimed])
+    done = subprocess.run([sys.executable, "-m", "multicard", "topo", str(claimed)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and "contradicts itself" in done.stderr
+
+
+@pytest.mark.parametrize(("policy", "local_rank", "own", "sharing"), [
+    ("local", 0, list(range(24)), 2),          # node 0's 24 CPUs, shared by ranks 0 and 1
+    ("local", 2, list(range(24, 48)), 2),
+    ("remote", 0, list(range(24, 48)), 2),     # bound to the other node: ranks 0, 1 share it
+    ("interleave", 0, [], 4),                  # memory only: threads as the launcher set them
+    ("torchrun_node", 3, list(range(36, 48)), 2),    # torchrun bound it: its own CPUs, per node
+    ("torchrun_exclusive", 3, list(range(36, 48)), 1),  # exclusive: a slice of its own
+])
+def test_a_ranks_threads_follow_its_own_binding(policy: str, local_rank: int, own: list[int],
+                                                sharing: int) -> None:
+    from multicard import numa_bind
+
+    topology = live_like("0000:1b:00.0", "0000:43:00.0", "0000:9b:00.0", "0000:c3:00.0")
+    allowed = range(36, 48) if policy.startswith("torchrun") else range(48)
+    prefix, cpus, shared = numa_bind.binding(policy, "cuda", topology, local_rank, 4, None, allowed)
+    assert (cpus, shared) == (own, sharing)
+    assert (prefix[:1] == ["numactl"]) is (policy in ("local", "remote", "interleave"))
+    if cpus:
+        assert numa.omp_threads(cpus, shared) == len(own) // sharing  # not 48 // 4 = 12 each

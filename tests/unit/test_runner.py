@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -165,7 +166,8 @@ def test_unrunnable_configs_name_their_reason() -> None:
 def test_torchrun_binding_is_skipped_where_it_cannot_bind(monkeypatch: pytest.MonkeyPatch) -> None:
     from multicard import kinds, launch, numa
 
-    one_node = numa.Topology(nodes=[numa.Node(0, [0, 1], 16000)])
+    placed = [numa.Gpu(g.index, 0, [0, 1], g.uuid, g.pci_bus_id) for g in gpus(2)]
+    one_node = numa.Topology(nodes=[numa.Node(0, [0, 1], 16000)], gpus=placed)
     cuda = {"gpus": 2, "device": "cuda", "loader": "torch", "numa_policy": "torchrun_node",
             "precision": "fp32"}
     node = kinds.Machine(gpus(2), one_node, numactl=True)
@@ -181,6 +183,12 @@ def test_torchrun_binding_is_skipped_where_it_cannot_bind(monkeypatch: pytest.Mo
     assert kinds.vision_unrunnable({**cuda, "numa_policy": "torchrun_exclusive"}, "none", node) == (
         "TorchrunBindingNotAvailable", "numa_policy = 'torchrun_exclusive': this torch's --numa-binding "
         "offers node, socket, not exclusive")
+    # sysfs's -1 for a GPU's node: torchrun would bind its rank to node 0, so the policy is skipped
+    unplaced = numa.Topology(nodes=one_node.nodes, gpus=[placed[0], replace(placed[1], numa_node=None)])
+    monkeypatch.setattr(launch, "torchrun_binding_modes", lambda: every_mode)
+    assert kinds.vision_unrunnable(cuda, "none", kinds.Machine(gpus(2), unplaced, True)) == (
+        "GpuNumaNodeUnknown", "numa_policy = 'torchrun_node': the NUMA node of the trial's GPU 1 is "
+        "unknown (sysfs says -1), which torchrun would take for node 0")
     monkeypatch.setattr(launch, "torchrun_binding_modes",
                         lambda: (frozenset(), "the installed torch 2.6.0 has no torchrun --numa-binding"))
     assert kinds.vision_unrunnable(cuda, "none", node) == (
@@ -273,6 +281,17 @@ def test_a_node_out_of_memory_is_oom_and_the_launcher_lines_are_kept(tmp_path: P
     status, error = runner.classify(1, False, tail, None, 60.0, None)
     assert status == "oom" and error is not None and error["type"] == "OutOfMemoryError"
 
+
+
+def test_a_gpu_trial_sees_only_its_own_gpus() -> None:
+    # 2 of the node's 8: torchrun's --numa-binding divides a node's CPUs among the GPUs it sees
+    assert launch.own_gpus("cuda", 2, gpus(8)) == {"CUDA_VISIBLE_DEVICES": "GPU-0,GPU-1"}
+    assert launch.own_gpus("cpu", 2, gpus(8)) == {}
+    assert launch.own_gpus("cuda", 4, gpus(2)) == {}  # fewer than asked: refused before (_needs_gpus)
+    from multicard import devices
+
+    shown = devices.visible(gpus(8), "GPU-0,GPU-1")
+    assert [g.index for g in shown] == [0, 1]  # CUDA reads the UUID list as the same two GPUs
 
 
 def test_a_cpu_trials_openmp_threads_spin_briefly_unless_the_caller_says(

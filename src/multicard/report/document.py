@@ -340,6 +340,18 @@ def _not_ok_text(failed: pd.DataFrame) -> str:
     return text + (f", {skipped} skipped (not runnable here, the reason in each record)" if skipped else "")
 
 
+def _page_cache_note(spec: Spec) -> str:
+    """Which page cache the NUMA test read (a warm one sits where whoever read it first ran)."""
+    state = spec.fixed.get("page_cache")
+    if state == "cold":
+        return ("Every trial read a cold page cache: its files' pages land where its own ranks "
+                "read them, not where the runner or another policy's trial did.")
+    if "page_cache" in spec.grid:
+        return "The page cache is a factor of this run: warm against cold."
+    return (f"The page cache was {state!r}: its pages sit where whoever read them first ran, so "
+            "a policy may be judged on another's placement.")
+
+
 def numa_section(spec: Spec, trials: pd.DataFrame, tolerance: float = summarize.PENALTY_TOLERANCE,
                  records: list[dict[str, Any]] | None = None) -> str:
     """The verdict on the paper's NUMA hypothesis (C10), with the ratios behind each answer."""
@@ -351,7 +363,7 @@ def numa_section(spec: Spec, trials: pd.DataFrame, tolerance: float = summarize.
              "of the penalty T_torch/T_dali at 3-4 GPUs: there without binding (one interval pooled "
              f"over the groups of the other factors, above 1), within {tolerance:.0%} of 1 under "
              "`local` in every group (claims.toml's [tolerance.numa]); `no` where a group's lies "
-             "wholly above, read at the level the groups share.", ""]
+             "wholly above, read at the level the groups share. " + _page_cache_note(spec), ""]
     for number, finding in enumerate(summarize.numa_findings(spec, trials, tolerance, records), start=1):
         lines += [f"{number}. {finding.question} **{finding.answer}**"
                   + (f" ({finding.why})" if finding.why else ""), ""]
