@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from multicard import numa
+from multicard import gpu_state, numa
 from multicard.store import LOCK_SUFFIX
 
 SUMS_FILE = "SHA256SUMS"
@@ -299,6 +299,8 @@ def _gpus() -> list[dict[str, Any]]:
             "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
             "pci_bus_id": pynvml.nvmlDeviceGetPciInfo(handle).busId,
             "driver": driver,
+            # power limits, clocks, throttle reasons, modes, ECC, PCIe link: at the run's start
+            "state": gpu_state.read(pynvml, handle),
         })
     pynvml.nvmlShutdown()
     return gpus

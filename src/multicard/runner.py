@@ -41,6 +41,7 @@ from multicard import (
     cost,
     devices,
     energy,
+    gpu_state,
     kinds,
     launch,
     observe,
@@ -143,7 +144,9 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
         with stop_on_signals():
             _prepare(spec, out, data_dir)
             _prepare_inputs(spec, out, data_dir, echo)
-            return _run_pending(spec, out, data_dir, echo, nodes)
+            outcome = _run_pending(spec, out, data_dir, echo, nodes)
+            _record_gpus_at_end(out)
+            return outcome
     except Interrupted as stop:
         stop.out = out
         raise
@@ -185,6 +188,15 @@ def _prepare(spec: Spec, out: Path, data_dir: Path) -> None:
     if env_file.exists():  # a resumed run: keep the first environment, record this one beside it
         env_file = out / f"env-resume-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
     artifact.write_text_atomic(env_file, json.dumps(artifact.capture_env(data_dir), indent=1))
+
+
+def _record_gpus_at_end(out: Path) -> None:
+    """The GPUs' state when the run's trials ended, beside env.json's from its start: a GPU that
+    throttled (power cap, heat) in between shows it."""
+    found, why = gpu_state.every_gpu()
+    artifact.write_text_atomic(out / gpu_state.END_FILE, json.dumps(
+        {"captured": datetime.now(UTC).isoformat(timespec="seconds"), "gpus": found, "why_none": why},
+        indent=1))
 
 
 PREPARE_LOCK = ".prepare.lock"

@@ -90,7 +90,51 @@ def _environment_section(runs: list[RunData], out: Path) -> str:
     topologies = "".join(f"\nTopology of {_names(names)} (NUMA nodes, GPUs):\n\n{text}"
                          for text, names in seen.items())
     return ("## Environment\n\nFull details: `env.json` in each run directory.\n\n" + table + "\n"
-            + topologies)
+            + topologies + _gpu_state_section(runs, out))
+
+
+def _gpu_state_section(runs: list[RunData], out: Path) -> str:
+    """Each run's GPUs as set and as they were when it started and ended (env.json,
+    gpu-state-end.json): limits, clocks, throttle reasons, modes, ECC, PCIe, NCCL."""
+    rows = []
+    for run in runs:
+        at_end = {g.get("uuid"): g.get("state") or {} for g in run.gpus_at_end}
+        nccl = (run.env.get("torch") or {}).get("nccl")
+        rows += [{"run": f"`{_rel(run.path, out)}`", **_gpu_row(gpu, at_end.get(gpu.get("uuid"), {})),
+                  "NCCL": nccl} for gpu in run.env.get("gpus") or []]
+    if not rows:
+        return ""
+    body = tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
+    summary = f"GPU settings and state, start and end of each run ({len(rows)} GPU rows)"
+    return "\n" + _collapsed(summary, body)
+
+
+def _gpu_row(gpu: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
+    start = gpu.get("state") or {}
+    pcie = (f"{start.get('pcie_generation')} x {start.get('pcie_width')} "
+            f"({start.get('pcie_max_generation')} x {start.get('pcie_max_width')})")
+    return {"GPU": gpu.get("index"),
+            "power limit / enforced (W)": _pair(start, "power_limit_w", "enforced_power_limit_w"),
+            "SM clock / application (MHz)": _pair(start, "sm_clock_mhz", "application_sm_clock_mhz"),
+            "memory clock / application (MHz)": _pair(start, "memory_clock_mhz",
+                                                      "application_memory_clock_mhz"),
+            "throttle reasons: start -> end": f"{_reasons(start)} -> {_reasons(end)}",
+            "persistence": start.get("persistence_mode"), "compute mode": start.get("compute_mode"),
+            "MIG": start.get("mig_mode"), "ECC": start.get("ecc_enabled"), "PCIe gen x width (max)": pcie}
+
+
+def _pair(state: dict[str, Any], first: str, second: str) -> str:
+    return f"{_value(state.get(first))} / {_value(state.get(second))}"
+
+
+def _value(value: Any) -> str:
+    return "n/a" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _reasons(state: dict[str, Any]) -> str:
+    """Throttle reasons in words: "none", their names, or "n/a" where not read."""
+    found = state.get("throttle_reasons")
+    return "n/a" if found is None else ", ".join(found) or "none"
 
 
 def _names(names: list[str]) -> str:

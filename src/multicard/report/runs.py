@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from multicard import gpu_state, store
 from multicard import spec as specmod
-from multicard import store
 from multicard.errors import InputError
 from multicard.spec import Spec
 
@@ -21,6 +21,7 @@ class RunData:
     records: list[dict[str, Any]]
     planned: int
     torn_lines: list[int] = field(default_factory=list)  # lines of trials.jsonl that were skipped
+    gpus_at_end: list[dict[str, Any]] = field(default_factory=list)  # gpu_state.END_FILE
 
 
 def is_run(path: Path) -> bool:
@@ -46,4 +47,6 @@ def load_run(path: Path) -> RunData:
     records, torn = store.read_with_skipped(path / store.TRIALS_FILE)
     store.warn_skipped(path / store.TRIALS_FILE, torn)
     timing = [p for p in specmod.plan(spec) if p.trace == "none"]
-    return RunData(path, spec, env, records, planned=len(timing), torn_lines=torn)
+    end = path / gpu_state.END_FILE
+    gpus_at_end = json.loads(end.read_text()).get("gpus", []) if end.is_file() else []
+    return RunData(path, spec, env, records, planned=len(timing), torn_lines=torn, gpus_at_end=gpus_at_end)

@@ -1,0 +1,98 @@
+"""What each GPU was set to and doing, through NVML: what a reviewer needs to compare two runs.
+
+Per GPU: the power limit and the one enforced, SM and memory clocks (now and the application
+clocks), why the clocks are held down (throttle reasons, as names), persistence mode, compute
+mode, MIG mode, ECC and the PCIe link (generation and width, now and at most). Read into env.json
+when a run starts and into `gpu-state-end.json` when it ends, so a GPU that throttled in between
+shows it. A value NVML cannot give is None, with why, never a made-up default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+END_FILE = "gpu-state-end.json"
+
+# the throttle (clock event) reasons NVML reports as bits, by the names nvidia-smi prints
+THROTTLE_REASONS = {
+    "nvmlClocksThrottleReasonGpuIdle": "gpu_idle",
+    "nvmlClocksThrottleReasonApplicationsClocksSetting": "applications_clocks_setting",
+    "nvmlClocksThrottleReasonSwPowerCap": "sw_power_cap",
+    "nvmlClocksThrottleReasonHwSlowdown": "hw_slowdown",
+    "nvmlClocksThrottleReasonSyncBoost": "sync_boost",
+    "nvmlClocksThrottleReasonSwThermalSlowdown": "sw_thermal_slowdown",
+    "nvmlClocksThrottleReasonHwThermalSlowdown": "hw_thermal_slowdown",
+    "nvmlClocksThrottleReasonHwPowerBrakeSlowdown": "hw_power_brake_slowdown",
+    "nvmlClocksThrottleReasonDisplayClockSetting": "display_clock_setting",
+}
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+
+
+def throttle_names(nvml: Any, mask: int) -> list[str]:
+    """The reasons set in NVML's bit mask, by name; [] for none."""
+    return sorted(name for constant, name in THROTTLE_REASONS.items()
+                  if (bit := getattr(nvml, constant, None)) is not None and mask & int(bit))
+
+
+def read(nvml: Any, handle: Any) -> dict[str, Any]:
+    """One GPU's settings and state; each field None where NVML cannot read it, the reasons in
+    `unread`."""
+    unread: dict[str, str] = {}
+
+    def get(name: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception as exc:  # NVML_ERROR_NOT_SUPPORTED on a GPU or driver without it
+            unread[name] = str(exc) or type(exc).__name__
+            return None
+
+    sm, mem = nvml.NVML_CLOCK_SM, nvml.NVML_CLOCK_MEM
+    milliwatts = {"power_limit_w": get("power_limit_w",
+                                       lambda: nvml.nvmlDeviceGetPowerManagementLimit(handle)),
+                  "enforced_power_limit_w": get("enforced_power_limit_w",
+                                                lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))}
+    mask = get("throttle_reasons", lambda: nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+    compute = get("compute_mode", lambda: nvml.nvmlDeviceGetComputeMode(handle))
+    mig = get("mig_mode", lambda: nvml.nvmlDeviceGetMigMode(handle))
+    ecc = get("ecc_mode", lambda: nvml.nvmlDeviceGetEccMode(handle))
+    return {
+        **{k: None if v is None else v / 1000.0 for k, v in milliwatts.items()},
+        "sm_clock_mhz": get("sm_clock_mhz", lambda: nvml.nvmlDeviceGetClockInfo(handle, sm)),
+        "memory_clock_mhz": get("memory_clock_mhz", lambda: nvml.nvmlDeviceGetClockInfo(handle, mem)),
+        "application_sm_clock_mhz": get("application_sm_clock_mhz",
+                                        lambda: nvml.nvmlDeviceGetApplicationsClock(handle, sm)),
+        "application_memory_clock_mhz": get("application_memory_clock_mhz",
+                                            lambda: nvml.nvmlDeviceGetApplicationsClock(handle, mem)),
+        "throttle_reasons": None if mask is None else throttle_names(nvml, int(mask)),
+        "persistence_mode": get("persistence_mode", lambda: bool(nvml.nvmlDeviceGetPersistenceMode(handle))),
+        "compute_mode": None if compute is None else COMPUTE_MODES.get(int(compute), str(compute)),
+        "mig_mode": None if mig is None else bool(mig[0]),  # (current, pending)
+        "ecc_enabled": None if ecc is None else bool(ecc[0]),
+        "pcie_generation": get("pcie_generation", lambda: nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle)),
+        "pcie_width": get("pcie_width", lambda: nvml.nvmlDeviceGetCurrPcieLinkWidth(handle)),
+        "pcie_max_generation": get("pcie_max_generation",
+                                   lambda: nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle)),
+        "pcie_max_width": get("pcie_max_width", lambda: nvml.nvmlDeviceGetMaxPcieLinkWidth(handle)),
+        "unread": unread,
+    }
+
+
+def every_gpu() -> tuple[list[dict[str, Any]], str | None]:
+    """[{uuid, index, state}] of every GPU NVML sees, or [] and why (no driver: a CPU machine)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return [], f"NVML unavailable: {exc}"
+    try:
+        found = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            found.append({"index": index, "uuid": uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                          "state": read(pynvml, handle)})
+        return found, None
+    finally:
+        pynvml.nvmlShutdown()
