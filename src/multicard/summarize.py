@@ -318,7 +318,9 @@ def trace_trials(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
 
 def trace_table(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
     """Per config: every trace metric, averaged over the ranks of a trial, then over its traced
-    trials (counts, bytes, nanoseconds per rank)."""
+    trials (counts, bytes, nanoseconds per rank), and what tracing cost: the traced trials' mean
+    primary metric (a time) over the untraced trials' (NaN without both)."""
+    records = list(records)
     frame = trace_trials(spec, records)
     if frame.empty:
         return frame
@@ -326,7 +328,22 @@ def trace_table(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
     keys = [*spec.grid, "config_id", "trace"]
     table = frame.groupby(keys, sort=False).mean(numeric_only=True).reset_index()
     table.insert(len(keys), "n", frame.groupby(keys, sort=False).size().to_numpy())
+    cost = tracing_cost(spec, records)
+    table.insert(len(keys) + 1, "traced / untraced",
+                 [cost.get(cid, float("nan")) for cid in table["config_id"]])
     return table
+
+
+def tracing_cost(spec: Spec, records: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Per config: mean primary metric of its ok traced trials / of its ok untraced ones."""
+    found: dict[str, dict[bool, list[float]]] = {}
+    for r in records:
+        value = (r.get("metrics") or {}).get(spec.primary)
+        if r.get("experiment") == spec.name and r.get("status") == "ok" and value:
+            traced = r.get("trace", "none") != "none"
+            found.setdefault(r["config_id"], {True: [], False: []})[traced].append(float(scalar(value)))
+    return {cid: float(np.mean(arms[True]) / np.mean(arms[False]))
+            for cid, arms in found.items() if arms[True] and arms[False]}
 
 
 def _in_grid_order(spec: Spec, frame: pd.DataFrame) -> pd.DataFrame:

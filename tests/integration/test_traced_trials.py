@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -35,7 +36,9 @@ def test_torch_traced_trials_are_extra_and_parsed(tmp_path: Path) -> None:
     # 2 epochs x 3 steps: the 6-step window holds both epochs (JSON keys are strings)
     assert all(set(s["epoch_pauses_ns"]) == {"0", "1"} for s in traced["trace_metrics"].values())
     report.write_report([tmp_path / "run"], tmp_path / "run")
-    assert (tmp_path / "run" / "tables" / "tiny_nsight.md").exists()
+    nsight = (tmp_path / "run" / "tables" / "tiny_nsight.md").read_text()
+    # what tracing cost: the 3 traced trials' time over the timing trial's, a ratio per config
+    assert "traced / untraced" in nsight and re.search(r"\| +\d+(\.\d+)?x +\|", nsight)
     pauses = (tmp_path / "run" / "tables" / "tiny_pauses.md").read_text()
     assert "epoch 0 (ms)" in pauses and "epoch 1 (ms)" in pauses
     main = (tmp_path / "run" / "tables" / "tiny.md").read_text().splitlines()

@@ -370,3 +370,15 @@ def test_the_report_a_reader_meets_has_no_table_wider_than_160_characters(tmp_pa
     assert max(len(line) for line in (out / "tables" / "table2_precision.md").read_text().splitlines()) > 160
     assert "<summary>every statistic" in text  # ... the wide one is there, folded
     assert wide_table_lines("| " + "x" * 200) != []  # the check can fail
+
+
+def test_what_tracing_cost_is_the_traced_trials_time_over_the_untraced_ones() -> None:
+    from multicard import summarize
+
+    s = spec.load(EXPERIMENTS / "table2_precision.toml", "smoke")
+    def record(trace: str, seconds: float) -> dict:
+        return {"experiment": s.name, "config_id": "a", "status": "ok", "trace": trace,
+                "metrics": {"train_time_s": seconds}}
+    cost = summarize.tracing_cost(s, [record("none", 10.0), record("none", 12.0), record("nsys", 13.2)])
+    assert cost == {"a": pytest.approx(1.2)}
+    assert summarize.tracing_cost(s, [record("nsys", 13.2)]) == {}  # no untraced trial to compare

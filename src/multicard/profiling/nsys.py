@@ -5,17 +5,18 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-# What the paper's metrics need (CUDA API, kernels, copies, NVTX, OS runtime), plus the cuDNN and
-# cuBLAS ranges; device memory use over time; only the window the workload opens with
-# cudaProfilerStart/Stop (the timed training, not start-up or evaluation). No CPU sampling or
-# context-switch tracing: they need perf_event_open, which containers usually deny, and the
-# metrics do not use them.
+# The fewest trace domains the metrics and the breakdown read: CUDA (API calls, kernels, copies,
+# memsets) and NVTX (the epoch and step ranges); only the window the workload opens with
+# cudaProfilerStart/Stop (the timed training, not start-up or evaluation). OS runtime, cuDNN and
+# cuBLAS ranges and device memory use over time are read by no metric and each slows the traced
+# trial (a report shows traced / untraced time per config); no CPU sampling or context-switch
+# tracing either: they need perf_event_open, which containers usually deny.
 NSYS_PROFILE = (
     "profile",
-    "--trace=cuda,nvtx,osrt,cudnn,cublas",
+    "--trace=cuda,nvtx",
     "--sample=none",
     "--cpuctxsw=none",
-    "--cuda-memory-usage=true",
+    "--cuda-memory-usage=false",
     "--capture-range=cudaProfilerApi",
     "--capture-range-end=stop",
     "--export=sqlite",

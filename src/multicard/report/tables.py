@@ -103,6 +103,9 @@ def warning_texts(spec: Spec, row: pd.Series) -> list[str]:
 def display_trace_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
     """Per config, per rank, mean over traced trials."""
     out = table[[*spec.grid, "trace", "n"]].copy()
+    # what tracing cost: the traced trials' time over the untraced ones' (the same config)
+    cost = table["traced / untraced"] if "traced / untraced" in table else [math.nan] * len(table)
+    out["traced / untraced"] = ["–" if math.isnan(c) else f"{c:.3g}x" for c in cost]
     # a CPU trial has no device: its copies and kernels were not measured, they were not zero
     on_cpu = [str(d) == "cpu" for d in (table["device"] if "device" in table
                                          else [spec.fixed.get("device")] * len(table))]
