@@ -302,7 +302,8 @@ def given_up(choice: Choice, by_claims: bool = False) -> list[str]:
             else f"verdict minimum {e.min_ok}"
         lost.append(f"trials per config {e.trials} -> {choice.trials} ({lowered}): wider intervals")
     if choice.epochs is not None and choice.epochs != _fixed_epochs(e):
-        lost.append(f"epochs {_fixed_epochs(e)} -> {choice.epochs}")
+        lost.append(f"epochs {_fixed_epochs(e)} -> {choice.epochs}: the first epoch's one-off costs "
+                    "weigh more in train_time_s (steady_epoch_s, the later epochs' mean, leaves them out)")
     if choice.steps is not None and choice.steps != _one_value(e.configs, "max_steps"):
         lost.append(f"steps {_one_value(e.configs, 'max_steps')} -> {choice.steps}")
     return lost

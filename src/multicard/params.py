@@ -196,6 +196,7 @@ WORKLOAD_CONFLICTS = {"vision": vision_conflicts, "llm": llm_conflicts}
 VISION_METRICS: tuple[str, ...] = (
     "train_time_s",
     "epoch_time_s",
+    "steady_epoch_s",
     "step_time_median_s",
     "throughput_samples_s",
     "data_wait_fraction",

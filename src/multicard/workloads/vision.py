@@ -410,9 +410,13 @@ def combine_ranks(ranks: list[dict[str, Any]], test_accuracy: float | None) -> d
         values = [r[key] for r in ranks if r.get(key) is not None]
         return max(values) if values else None
 
+    per_epoch = [max(r["epoch_time_s"][e] for r in ranks) for e in range(epochs)]
     return {
         "train_time_s": train_time,
-        "epoch_time_s": [max(r["epoch_time_s"][e] for r in ranks) for e in range(epochs)],
+        "epoch_time_s": per_epoch,
+        # the epochs after the first, each: the first's one-off costs (workers' start, the data's
+        # first touch) weigh more in train_time_s the fewer the epochs (a budget halves them)
+        "steady_epoch_s": statistics.fmean(per_epoch[1:]) if epochs > 1 else None,
         "step_time_median_s": statistics.median(step_times) if step_times else None,
         "throughput_samples_s": sum(r["samples"] for r in ranks) / train_time,
         "data_wait_fraction": statistics.fmean(r["data_wait_s"] / r["train_time_s"] for r in ranks),
@@ -472,6 +476,8 @@ UNMEASURED_ON_CPU = {
 def unmeasured(ranks: list[dict[str, Any]]) -> dict[str, str]:
     """Why each metric that is null could not be measured (DESIGN: null with a reason, never 0)."""
     reasons = trial_energy(ranks)[1]
+    if len(ranks[0]["epoch_time_s"]) < 2:
+        reasons["steady_epoch_s"] = "one epoch: none after the first"
     cpu_why = next((r.get("cpu_reason") or "the rank recorded no CPU time" for r in ranks
                     if r.get("rank_cpu_s") is None), None)
     if cpu_why:

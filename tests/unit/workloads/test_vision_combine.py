@@ -48,7 +48,15 @@ def test_what_was_not_measured_says_why() -> None:
                 "dali_threads_cpu_s": 0.5, "local_page_fraction": 0.9, "cpus_on_gpu_node_fraction": 1.0}
     gpu = [{**cpu[0], "gpu_uuid": "GPU-1", "h2d_time_s": 0.2, "gpu_util_mean": 0.9,
             "nvml_process_mem_reason": "NVML lists no process with this PID on the GPU", **measured}]
-    assert unmeasured(gpu) == {"nvml_process_mem_bytes": "NVML lists no process with this PID on the GPU"}
+    assert unmeasured(gpu) == {"nvml_process_mem_bytes": "NVML lists no process with this PID on the GPU",
+                               "steady_epoch_s": "one epoch: none after the first"}
+
+
+def test_the_epochs_after_the_first_are_kept_apart_from_its_one_off_costs() -> None:
+    two = [rank(6.0, [5.0, 1.0], [0.1, 0.1], 0.1, 100, 1, [0.1, 0.1])]  # workers start in epoch 0
+    metrics = combine_ranks(two, None)
+    assert metrics["train_time_s"] == 6.0 and metrics["steady_epoch_s"] == 1.0
+    assert combine_ranks([rank(1.0, [1.0], [0.1], 0.1, 1, 1, [0.1])], None)["steady_epoch_s"] is None
 
 
 def test_energy_is_summed_over_ranks_per_image_and_null_with_a_reason_on_cpu() -> None:
