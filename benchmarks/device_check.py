@@ -128,6 +128,18 @@ def _document(name: str, device: str, fixed: dict[str, Any], grid: dict[str, Any
     return doc
 
 
+def chosen(documents: dict[str, dict[str, Any]], names: str | None) -> dict[str, dict[str, Any]]:
+    """The parts `--parts` names (all where it names none); InputError for a part there is not."""
+    if names is None:
+        return documents
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in documents]
+    if unknown or not wanted:
+        raise InputError(f"--parts: expected some of {', '.join(documents)} (the parts this machine "
+                         f"can run), got {names!r}")
+    return {name: doc for name, doc in documents.items() if name in wanted}
+
+
 def specs(documents: dict[str, dict[str, Any]], where: Path) -> dict[str, specmod.Spec]:
     return {name: specmod.from_document(doc, where / f"device_check_{name}.toml")
             for name, doc in documents.items()}
@@ -303,7 +315,7 @@ def comparison(out: Path, device: str) -> dict[str, Any]:
         found[name] = _ratio(top, loops.get(over, []))
     shortest = min([*windows, *loops.get("windows_s", [])], default=None)
     found["shortest_window_s"] = shortest
-    found["windows_long_enough"] = shortest is not None and shortest >= WINDOW_S[device]
+    found["windows_long_enough"] = None if shortest is None else shortest >= WINDOW_S[device]
     return found
 
 
@@ -534,6 +546,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, choices=range(1, 11), metavar="N",
                         help=f"trials per config in every part (default: {ROUNDS} rounds of the "
                              "comparison, 1 elsewhere)")
+    parser.add_argument("--parts", metavar="NAME,...",
+                        help="run only these parts (harness, precision, pin_memory, nsys, nccl); "
+                             "default: every part this machine can run")
     parser.add_argument("--budget-s", type=float, default=TARGET_S,
                         help="a part that would end past this many seconds of this call is left for "
                              f"the next and named (default {TARGET_S})")
@@ -559,7 +574,7 @@ def check(argv: list[str] | None, clock: Callable[[], float] = time.monotonic) -
               "GPUs are visible)")
         return 0
     with_nsys = args.device == "cuda" and nsys.find_nsys() is not None
-    plan = as_run(specs(parts(args.device, len(gpus), with_nsys, args.trials), out), out)
+    plan = as_run(specs(chosen(parts(args.device, len(gpus), with_nsys, args.trials), args.parts), out), out)
     print_plan(plan, out, learn(out, plan), args.device, print)
     if args.dry_run:
         print("--dry-run: nothing started")

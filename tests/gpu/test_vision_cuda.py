@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,10 @@ def test_a_gpu_trial_measures_its_energy_and_its_processes_memory(tmp_path: Path
     assert 10 < m["mean_power_w"] < 1500  # one GPU's board power, not a sum of samples
     assert m["rank_cpu_s"] > 0 and m["workers_cpu_s"] > 0 and m["dali_threads_cpu_s"] is None
     rank = result_of(tmp_path, record)["ranks"][0]
+    # the trial saw its own GPU only: torchrun's binding divides a node among the GPUs it sees
+    launched = json.loads((tmp_path / "run" / f"raw/{record['config_id']}-t0-a0" / "launch.json").read_text())
+    shown = launched["env_set"].get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    assert shown == rank["gpu_uuid"]
     # the mid-epoch look came from outside the rank (the runner), and said what it cost there
     assert rank["observed_reason"] is None and rank["observed_s"]["gpu_processes"] > 0
     assert rank["affinity"]["workers"]  # the two DataLoader workers, alive mid-epoch

@@ -42,6 +42,8 @@ def test_local_policy_records_pages_and_cpus_of_every_rank_and_worker(tmp_path: 
     result = json.loads(next((tmp_path / "run").glob("raw/*/result.json")).read_text())
     assert all(r["numa_workers_inherit_cpus"] for r in result["ranks"])
     assert all(r["numa_workers_seen"] == 1 for r in result["ranks"])
+    # each rank's threads: its share of the CPUs it is bound to (the node's, over the 2 ranks on it)
+    assert all(r["omp_num_threads"] == str(max(1, len(home_cpus) // 2)) for r in result["ranks"])
 
 
 def test_torchrun_policies_are_recorded_as_skipped_on_a_cpu_run_with_the_reason(tmp_path: Path) -> None:

@@ -269,6 +269,8 @@ def main(argv: list[str] | None = None) -> None:
         "pid": os.getpid(),
         "gpu_uuid": uuid,
         "parent_death": parent_death,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),  # its binding's share (numa_bind)
+        "torch_threads": torch.get_num_threads(),
         "observed_s": seen.took_s,  # how long each look from outside took (off this clock)
         "observed_reason": seen.reason,
         **(probe.finish(seen.numa) if probe else {}),
