@@ -107,6 +107,11 @@ def test_a_gpu_trial_measures_its_energy_and_its_processes_memory(tmp_path: Path
                                                   else "NVML integrated power")
     assert m["energy_per_sample_j"] == pytest.approx(m["energy_j"] / (3 * 4096), rel=0.01)
     assert 10 < m["mean_power_w"] < 1500  # one GPU's board power, not a sum of samples
+    # the GPUs and the CPU packages together where RAPL is readable (root), else null with why
+    if m["node_energy_per_sample_j"] is None:
+        assert record["unmeasured"]["node_energy_per_sample_j"].startswith("the CPU packages: ")
+    else:
+        assert m["node_energy_per_sample_j"] > m["energy_per_sample_j"]
     assert m["rank_cpu_s"] > 0 and m["workers_cpu_s"] > 0 and m["dali_threads_cpu_s"] is None
     rank = result_of(tmp_path, record)["ranks"][0]
     # the trial saw its own GPU only: torchrun's binding divides a node among the GPUs it sees
