@@ -653,9 +653,12 @@ def _readings(metric: str, claim: Claim, run: Results, group: Mapping[str, Any])
     there are several (NVML's counter and power integrated over a short window, say); []
     otherwise."""
     keys = ENERGY_READINGS.get(metric, ())
-    found = {" + ".join(str((r.get("measured_how") or {}).get(k)) for k in keys)
-             for arm in (claim.against, claim.compare)
-             for r in _arm_attempts(claim, run, group, arm, False) if r["status"] == "ok"} if keys else set()
+    found = set()
+    for arm in (claim.against, claim.compare):
+        for r in _arm_attempts(claim, run, group, arm, False):
+            how = r.get("measured_how") or {}
+            if keys and r["status"] == "ok" and all(how.get(k) for k in keys):  # a null one says nothing
+                found.add(" + ".join(str(how[k]) for k in keys))
     return sorted(found) if len(found) > 1 else []
 
 

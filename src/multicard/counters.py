@@ -59,7 +59,8 @@ def event_name(field: str) -> str:
 def user_only(text: str) -> bool:
     """Whether perf counted user space only: its fallback under perf_event_paranoid 2, which it
     marks by printing the events as `EVENT:u` (kernel-side fills are then not counted)."""
-    return any(re.search(r":[hHGpPI]*u[hHGpPI]*/?$", fields[2].strip())
+    # `ev:u`, and a PMU's `cpu_core/ev/u` (the modifiers after its closing slash)
+    return any(re.search(r"[:/][hHGpPI]*u[hHGpPI]*$", fields[2].strip())
                for line in text.splitlines()
                if not line.startswith("#") and len(fields := line.split(",")) >= 3 and fields[2])
 
@@ -187,7 +188,27 @@ def perf_argv(events: Sequence[str], csv: Path, control: tuple[int, int] | None,
     return ["perf", "stat", "-x", ",", "-e", ",".join(events), *window, "-o", str(csv), "--", *command]
 
 
-CONTROL_ENV = "MULTICARD_PERF_CONTROL"  # "CTL_FD,ACK_FD" the rank inherits from perf
+CONTROL_ENV = "MULTICARD_PERF_CONTROL"  # "CTL_FD,ACK_FD": the rank's ends of perf's control pipes
+
+
+def prepare(out: Path, rank: str, events: Sequence[str], control: bool,
+            command: Sequence[str]) -> tuple[list[str], list[int], dict[str, str]]:
+    """(perf's argv, the fds it and the rank must inherit, the rank's environment additions).
+    With `control`, two pipes: perf reads commands from one and writes acknowledgements to the
+    other, the rank holds the other ends (no file: a FIFO in the trial directory would be a
+    special file there, which `verify` rightly refuses)."""
+    (out / f"rank{rank}.events.json").write_text(json.dumps(list(events)))
+    window = "the timed epochs" if control else "the whole rank (this perf has no --control)"
+    (out / f"rank{rank}.how.json").write_text(json.dumps({"window": window}))
+    if not control:
+        return perf_argv(events, out / f"rank{rank}.csv", None, command), [], {}
+    ctl_read, ctl_write = os.pipe()
+    ack_read, ack_write = os.pipe()
+    fds = [ctl_read, ctl_write, ack_read, ack_write]
+    for fd in fds:
+        os.set_inheritable(fd, True)
+    argv = perf_argv(events, out / f"rank{rank}.csv", (ctl_read, ack_write), command)
+    return argv, fds, {CONTROL_ENV: f"{ctl_write},{ack_read}"}
 
 
 def main(argv: list[str]) -> None:
@@ -200,21 +221,9 @@ def main(argv: list[str]) -> None:
     if events is None:
         (out / f"rank{rank}.json").write_text(json.dumps({"reason": why}))
         os.execvp(command[0], command)
-    (out / f"rank{rank}.events.json").write_text(json.dumps(list(events)))
-    control = None
-    if has_control():
-        fds = []
-        for name in ("ctl", "ack"):  # fifos opened read-write: neither end blocks on open
-            fifo = out / f"rank{rank}.{name}"
-            fifo.unlink(missing_ok=True)
-            os.mkfifo(fifo)
-            fds.append(os.open(fifo, os.O_RDWR))
-            os.set_inheritable(fds[-1], True)
-        control = (fds[0], fds[1])
-        os.environ[CONTROL_ENV] = f"{control[0]},{control[1]}"
-    window = "the timed epochs" if control else "the whole rank (this perf has no --control)"
-    (out / f"rank{rank}.how.json").write_text(json.dumps({"window": window}))
-    os.execvp("perf", perf_argv(events, out / f"rank{rank}.csv", control, command))
+    perf, _, env = prepare(out, rank, events, has_control(), command)
+    os.environ.update(env)
+    os.execvp("perf", perf)
 
 
 class Window:

@@ -182,8 +182,8 @@ def torchrun_binding_unrunnable(policy: str, device: str, machine: Machine, gpus
     for local_rank in range(gpus):
         if numa.home_node(machine.topology, device, local_rank, machine.cuda_visible_devices) is None:
             return "GpuNumaNodeUnknown", (f"numa_policy = {policy!r}: the NUMA node of the trial's GPU "
-                                          f"{local_rank} is unknown (sysfs says -1), which torchrun "
-                                          "would take for node 0")
+                                          f"{local_rank} is unknown (sysfs says -1, or NVML does not "
+                                          "list it), which torchrun would take for node 0")
     return None
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import multicard
-from multicard import devices, params
+from multicard import params
 from multicard.numa import TORCHRUN_POLICIES
 from multicard.params import Value
 
@@ -105,14 +105,18 @@ def allocated_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def own_gpus(device: str, gpus: int, shown: Sequence[devices.GpuIdentity]) -> dict[str, str]:
-    """CUDA_VISIBLE_DEVICES of a one-node trial: its own GPUs only (the first `gpus` of those
-    CUDA shows, by UUID), so that torchrun's `--numa-binding`, which divides a node's CPUs among
-    the GPUs it sees, divides them among the trial's; {} on CPU or where a UUID is unknown."""
-    mine = list(shown)[:gpus]
-    if device != "cuda" or len(mine) < gpus or any(g.uuid is None for g in mine):
+def own_gpus(device: str, gpus: int, caller: str | None) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES of a trial: its own GPUs only, so that torchrun's `--numa-binding`,
+    which divides a node's CPUs among the GPUs it sees, divides them among the trial's. The
+    first `gpus` entries of the caller's CUDA_VISIBLE_DEVICES as written (CUDA reads them as it
+    read the caller's: never a GPU the caller's CUDA could not open), or 0..gpus-1 where it sets
+    none; {} on CPU or where the caller shows fewer (a trial that asks for more is refused
+    before it starts)."""
+    if device != "cuda":
         return {}
-    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g.uuid) for g in mine)}
+    entries = [str(i) for i in range(gpus)] if caller is None else \
+        [e.strip() for e in caller.split(",") if e.strip()][:gpus]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(entries)} if len(entries) == gpus else {}
 
 
 OMP_DEFAULTED = "MULTICARD_OMP_DEFAULTED"  # "1": the launcher chose OMP_NUM_THREADS, not the user

@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"multicard.node_step: error: {exc}", file=sys.stderr)
         return 2
     extra = dict(pair.split("=", 1) for pair in args.env) | {"MULTICARD_NODE": str(rank)}
+    if telemetry.visible_gpus():  # a GPU node: this node's part of the trial sees its own GPUs only
+        extra |= launch.own_gpus("cuda", args.ranks_per_node, os.environ.get("CUDA_VISIBLE_DEVICES"))
     env = launch.trial_env({**os.environ, **extra}, args.ranks_per_node, launch.allocated_cpus())
     command = [word.replace(launch.NODE_RANK_SLOT, str(rank)) for word in args.command]
     where = cluster.node_dir(args.dir, rank)

@@ -5,10 +5,12 @@ the CPUs it and each worker may run on, the device memory each holds on every GP
 context lives only as long as its worker), and, for the NUMA test, where their pages are. Done
 inside the rank, that is two scans of all of /proc, NVML's process list of every GPU and reading
 numa_maps (which takes the process's mmap_lock and can stall its workers' shared memory): tens of
-milliseconds inside the timed epoch. So the rank only asks (one small file, written in
-microseconds), and the process that launched it answers from outside: the runner for a trial on
+milliseconds of the rank's own time inside the timed epoch. So the rank only asks (one small
+file write), and the process that launched it answers from outside: the runner for a trial on
 one node, each node's part (multicard.node_step) for its own ranks. The rank reads the answer
-after training, off the clock. Every answer says how long each look took.
+after training, off the clock. Every answer says how long each look took. Reading numa_maps
+from outside still takes the process's mmap_lock for as long as the walk lasts (as reading it
+from a thread of the rank did): what moves off the rank is its own time, not that lock.
 
 Files in the trial directory: `observer-<host>.json` (while an observer on that host watches
 it), `observe-rank<R>.request` (the rank's pid, host, and where numa_maps go) and
@@ -52,11 +54,12 @@ def watched(trial_dir: Path) -> bool:
 
 
 def ask(trial_dir: Path, rank: int, numa_dir: Path | None, label: str) -> bool:
-    """Ask the observer to look at this process now (inside the clock: one small write); False
-    where none watches (the rank was started without multicard's runner)."""
+    """Ask the observer to look at this process now; False where none watches (the rank was
+    started without multicard's runner). Inside the clock, so one plain write of a few hundred
+    bytes: no temporary name, no fsync (the observer retries a request it reads half-written)."""
     if not watched(trial_dir):
         return False
-    write_text_atomic(request_path(trial_dir, rank), json.dumps({
+    request_path(trial_dir, rank).write_text(json.dumps({
         "pid": os.getpid(), "host": socket.gethostname(), "label": label,
         "numa_dir": str(numa_dir) if numa_dir is not None else None, "asked_unix": time.time()}))
     return True

@@ -398,7 +398,7 @@ def trial_command(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path, 
     wait_policy = launch.cpu_trial_env(str(settings["device"]), os.environ)
     if nnodes == 1:
         argv, extra_env = kind.command(settings, trial_dir, data_dir, kinds.TrialLaunch(planned.trace))
-        own = launch.own_gpus(str(settings["device"]), gpus, telemetry.visible_gpus())
+        own = launch.own_gpus(str(settings["device"]), gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
         return argv, launch.trial_env({**os.environ, **wait_policy, **own, **extra_env}, gpus,
                                       launch.allocated_cpus())
     assert nodes is not None  # run() refuses nnodes > 1 without them
@@ -435,7 +435,7 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
         if settings["device"] == "cuda" and one_node else []
     try:
         returncode, timed_out, sampled, not_sampled = _execute(
-            argv, env, trial_dir, spec.timeout_s, kind.sample_memory and one_node, trial_gpus)
+            argv, env, trial_dir, spec.timeout_s, kind.sample_memory and one_node, trial_gpus, one_node)
         if kind.sample_memory and not one_node:
             not_sampled = dict.fromkeys(telemetry.SAMPLED_METRICS, "not sampled on a multi-node "
                                         "trial: its ranks are no children of the runner")
@@ -562,9 +562,11 @@ def collect_traces(trial_dir: Path, out: Path) -> dict[str, dict[str, Any]]:
 
 
 def _execute(argv: list[str], env: dict[str, str], trial_dir: Path, timeout_s: float,
-             sample_memory: bool, gpus: list[devices.GpuIdentity]
+             sample_memory: bool, gpus: list[devices.GpuIdentity], observe_here: bool = True
              ) -> tuple[int | None, bool, dict[str, Any], dict[str, str]]:
     """Run argv in its own session; on timeout or a stop request end every process of the trial.
+    `observe_here`: answer the ranks' mid-epoch requests from this process (one node; on several
+    each node's part does, multicard.node_step).
 
     Returns (exit status, timed out, memory metrics sampled from outside when asked, why any of
     them is null)."""
@@ -576,7 +578,7 @@ def _execute(argv: list[str], env: dict[str, str], trial_dir: Path, timeout_s: f
     cpu_before, t_launch = launch_cpu_seconds(), time.monotonic()
     # the observer answers the ranks' mid-epoch requests from outside (multicard.observe)
     with (trial_dir / "stdout.log").open("wb") as stdout, (trial_dir / "stderr.log").open("wb") as stderr, \
-            observe.Observer(trial_dir):
+            observe.Observer(trial_dir) if observe_here else contextlib.nullcontext():
         proc = subprocess.Popen(
             argv, stdout=stdout, stderr=stderr, env=env, start_new_session=True,
             preexec_fn=lambda: launch.set_parent_death_signal(runner_pid),

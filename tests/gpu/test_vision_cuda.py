@@ -117,7 +117,10 @@ def test_a_gpu_trial_measures_its_energy_and_its_processes_memory(tmp_path: Path
     # the trial saw its own GPU only: torchrun's binding divides a node among the GPUs it sees
     launched = json.loads((tmp_path / "run" / f"raw/{record['config_id']}-t0-a0" / "launch.json").read_text())
     shown = launched["env_set"].get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-    assert shown == rank["gpu_uuid"]
+    from multicard import devices
+
+    [mine] = devices.visible(devices.nvml_gpus(), shown)  # one GPU, and the one CUDA used
+    assert mine.uuid == rank["gpu_uuid"]
     # the mid-epoch look came from outside the rank (the runner), and said what it cost there
     assert rank["observed_reason"] is None and rank["observed_s"]["gpu_processes"] > 0
     assert rank["affinity"]["workers"]  # the two DataLoader workers, alive mid-epoch

@@ -681,6 +681,10 @@ def test_energy_read_two_ways_is_not_compared() -> None:
     assert apart.verdict == "inconclusive"
     assert "1 not compared, its arms' energy read differently (gpus=1)" in apart.why
     assert "energy read as NVML counter / NVML integrated power" in apart.why
+    one_null = records("NVML counter")
+    one_null[-1]["measured_how"] = {}  # a trial whose energy was not measured: no reading at all
+    assert claims.judge(questions["E1"], results("table2_precision", rows, records=one_null)).verdict \
+        == "supported"
 
 
 def test_e2_reads_gpu_and_cpu_energy_and_says_gpu_energy_only_where_rapl_is_unreadable() -> None:

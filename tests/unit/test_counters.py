@@ -122,6 +122,7 @@ def test_how_the_counts_were_taken_is_recorded_user_space_only_included(tmp_path
     assert not counters.user_only(counted)
     user = "\n".join(f"{n},,{e}:u,1000,100.00,," for n, e in zip((5, 7), AMD, strict=True))
     assert counters.user_only(user)
+    assert counters.user_only("10,,cpu_core/mem_load_l3_miss_retired.remote_dram/u,100,100.00,,")
     (tmp_path / "rank0.csv").write_text(user)
     (tmp_path / "rank0.how.json").write_text(json.dumps({"window": "the timed epochs"}))
     assert counters.how_counted(tmp_path, 1) == ("perf stat over the timed epochs, user space only "
@@ -132,20 +133,19 @@ def test_how_the_counts_were_taken_is_recorded_user_space_only_included(tmp_path
 @pytest.mark.skipif(shutil.which("perf") is None or not counters.has_control(),
                     reason="no perf with --control here")
 def test_the_window_counts_the_timed_part_only_with_a_real_perf(tmp_path: Path) -> None:
-    fds = []
-    for name in ("ctl", "ack"):
-        os.mkfifo(tmp_path / name)
-        fds.append(os.open(tmp_path / name, os.O_RDWR))
     rank = ("import time\nfrom multicard import counters\n"
             "def busy(s):\n    t = time.process_time()\n    while time.process_time() - t < s: pass\n"
             "busy(0.4)  # imports and warm-up: not counted\n"
             "with counters.Window() as w:\n    w.mark_start()\n    busy(0.3)\n"
             "busy(0.4)  # evaluation: not counted\n")
-    csv = tmp_path / "rank0.csv"
-    argv = counters.perf_argv(["task-clock"], csv, (fds[0], fds[1]), [sys.executable, "-c", rank])
+    # what counters.main execs, with an event any perf counts (a VM has no DRAM fill events)
+    argv, fds, env = counters.prepare(tmp_path, "0", ["task-clock"], True, [sys.executable, "-c", rank])
     done = subprocess.run(argv, pass_fds=fds, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, counters.CONTROL_ENV: f"{fds[0]},{fds[1]}"})
+                          env={**os.environ, **env})
     assert done.returncode == 0, done.stderr
-    line = next(x for x in csv.read_text().splitlines() if "task-clock" in x)
+    line = next(x for x in (tmp_path / "rank0.csv").read_text().splitlines() if "task-clock" in x)
     counted_ms = float(line.split(",")[0])
     assert 250 < counted_ms < 650, line  # the 0.3 s window, not the 1.1 s the process ran
+    # pipes, not FIFOs: the trial directory holds no special file for `verify` to refuse
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.csv", "rank0.events.json", "rank0.how.json"]
+    assert json.loads((tmp_path / "rank0.how.json").read_text()) == {"window": "the timed epochs"}

@@ -188,7 +188,7 @@ def test_torchrun_binding_is_skipped_where_it_cannot_bind(monkeypatch: pytest.Mo
     monkeypatch.setattr(launch, "torchrun_binding_modes", lambda: every_mode)
     assert kinds.vision_unrunnable(cuda, "none", kinds.Machine(gpus(2), unplaced, True)) == (
         "GpuNumaNodeUnknown", "numa_policy = 'torchrun_node': the NUMA node of the trial's GPU 1 is "
-        "unknown (sysfs says -1), which torchrun would take for node 0")
+        "unknown (sysfs says -1, or NVML does not list it), which torchrun would take for node 0")
     monkeypatch.setattr(launch, "torchrun_binding_modes",
                         lambda: (frozenset(), "the installed torch 2.6.0 has no torchrun --numa-binding"))
     assert kinds.vision_unrunnable(cuda, "none", node) == (
@@ -285,13 +285,15 @@ def test_a_node_out_of_memory_is_oom_and_the_launcher_lines_are_kept(tmp_path: P
 
 def test_a_gpu_trial_sees_only_its_own_gpus() -> None:
     # 2 of the node's 8: torchrun's --numa-binding divides a node's CPUs among the GPUs it sees
-    assert launch.own_gpus("cuda", 2, gpus(8)) == {"CUDA_VISIBLE_DEVICES": "GPU-0,GPU-1"}
-    assert launch.own_gpus("cpu", 2, gpus(8)) == {}
-    assert launch.own_gpus("cuda", 4, gpus(2)) == {}  # fewer than asked: refused before (_needs_gpus)
+    assert launch.own_gpus("cuda", 2, None) == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    # what Slurm gave: its first entries as written, which CUDA reads as it read the caller's
+    assert launch.own_gpus("cuda", 1, "3,5") == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert launch.own_gpus("cuda", 2, "GPU-9a,GPU-7b,GPU-1c") == {"CUDA_VISIBLE_DEVICES": "GPU-9a,GPU-7b"}
+    assert launch.own_gpus("cpu", 2, None) == {}
+    assert launch.own_gpus("cuda", 4, "0,1") == {}  # fewer than asked: refused before (_needs_gpus)
     from multicard import devices
 
-    shown = devices.visible(gpus(8), "GPU-0,GPU-1")
-    assert [g.index for g in shown] == [0, 1]  # CUDA reads the UUID list as the same two GPUs
+    assert devices.visible(gpus(8), "0,1") == devices.visible(gpus(8), None)[:2]
 
 
 def test_a_cpu_trials_openmp_threads_spin_briefly_unless_the_caller_says(
