@@ -15,16 +15,17 @@ directory per part below, `plain_loop/`, `env.json`, `device_check.json`, `table
 after every part, and REPORT.md with figures once every part has run.
 
 Parts, 1 GPU, Scenario A at 100 px, in the order they run:
-- harness: the harness against a plain loop, like for like: 3 rounds, each a harness trial (fp16,
-  nhwc, the synthetic loader's resident batch) and then one plain-loop process
-  (benchmarks/plain_loop.py: the same step, warm-up and steps, in a one-rank DDP and bare, their
-  order alternating round by round); every timed window at least WINDOW_S;
+- harness: the harness against a plain loop, like for like: 3 rounds, each one plain-loop process
+  (benchmarks/plain_loop.py: the same step, warm-up and steps, in a one-rank DDP and bare) and a
+  harness trial (fp16, nhwc, the synthetic loader's resident batch), which goes first alternating
+  round by round; the first round's plain loop goes first and sets the steps: a probe of its bare
+  loop, so every timed window is at least WINDOW_S, and timm's model once where timm imports;
 - precision: fp64 / fp32 / tf32 / fp16 / bf16, 1 trial each (2 epochs of 50 steps, the DataLoader),
   TF32 flags read back and TF32 measured (an fp32 matmul and convolution against float64);
 - pin_memory: off / on at fp16, 1 trial each;
 - nsys: the precision part's fp32 trial once more, traced, captured and parsed, where `nsys` is on
   PATH: what tracing costs (traced / untraced time);
-- nccl: one 2-rank trial, where two GPUs are visible.
+- nccl: one 2-rank trial, where two GPUs are visible (the dry run plans for one GPU, nsys on PATH).
 A part that would end past `--budget-s` (8 minutes) is left for the next call and named, not
 failed; its estimate learns from the trials already run (the planner's calibration: measured
 rates per setting, and the guessed cost model scaled by what the run has measured of it).
@@ -55,7 +56,19 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:  # a bare checkout: no install needed
     sys.path.insert(0, str(ROOT / "src"))
 
-from multicard import artifact, calibrate, cost, launch, params, report, runner, stats, store, telemetry  # noqa: E402
+from multicard import (  # noqa: E402
+    artifact,
+    calibrate,
+    cost,
+    gpu_state,
+    launch,
+    params,
+    report,
+    runner,
+    stats,
+    store,
+    telemetry,
+)
 from multicard import spec as specmod  # noqa: E402
 from multicard.errors import InputError  # noqa: E402
 from multicard.precision import PRECISIONS  # noqa: E402
@@ -70,6 +83,10 @@ PLAIN_LOOP_TOLERANCE = 0.10
 # Each timed window of the comparison lasts at least this long: a GPU's clocks settle, and
 # NVML's energy counter resolves it (energy.MIN_COUNTER_WINDOW_S). A CPU run checks the path only.
 WINDOW_S = {"cuda": 10.0, "cpu": 2.0}
+# the bare loop's steps fill WINDOW_S with this to spare: its probe is short, and a GPU's clocks
+# move between the probe and the loop
+WINDOW_MARGIN = 1.15
+PROBE_STEPS = 20  # timed steps of the plain loop's probe, after the warm-up
 ROUNDS = 3  # harness trials and plain-loop processes of the comparison, interleaved
 # a plain-loop process's start (imports, CUDA, a one-rank group, the models): guessed
 PLAIN_LOOP_START_S = {"cuda": 15.0, "cpu": 5.0}
@@ -85,20 +102,24 @@ SIZES: dict[str, dict[str, Any]] = {
 COMPARED_PRECISION = {"cuda": "fp16", "cpu": "bf16"}
 
 
-def window_steps(device: str) -> int:
-    """max_steps per epoch of the comparison: its epochs' steps take at least WINDOW_S by the
-    cost model."""
+def window_steps(device: str) -> tuple[int, int]:
+    """(epochs, max_steps) of the comparison by the cost model: their steps take WINDOW_MARGIN x
+    WINDOW_S, each epoch within the training set's full batches (as the first plain loop sets
+    them on the machine)."""
     settings = params.resolve("vision", {**SIZES[device], "precision": COMPARED_PRECISION[device],
                                          "layout": "nhwc", "loader": "synthetic"})
-    return math.ceil(WINDOW_S[device] / (int(settings["epochs"]) * cost.vision_step_seconds(settings)))
+    total = math.ceil(WINDOW_MARGIN * WINDOW_S[device] / cost.vision_step_seconds(settings))
+    per_epoch = cost.full_batches(int(settings["train_subset"]), int(settings["batch_size"]), 1)
+    return cost.steps_over_epochs(total, int(settings["epochs"]), per_epoch)
 
 
 def parts(device: str, gpus: int, with_nsys: bool, trials: int | None = None) -> dict[str, dict[str, Any]]:
     """name -> experiment document (the spec format of experiments/*.toml); `trials` overrides
     every part's trial count (the comparison's rounds: ROUNDS; one per config elsewhere)."""
     fast = COMPARED_PRECISION[device]
+    epochs, steps = window_steps(device)
     found = {  # in the order they run: the comparison first, the reason this check exists
-        "harness": ({"layout": "nhwc", "loader": "synthetic", "max_steps": window_steps(device)},
+        "harness": ({"layout": "nhwc", "loader": "synthetic", "epochs": epochs, "max_steps": steps},
                     {"precision": [fast]}, {}, {"count": trials or ROUNDS}),
         "precision": ({}, {"precision": ["fp64", "fp32", "tf32", "fp16", "bf16"]},
                       {"precision": "fp64"}, {"count": trials or 1}),
@@ -163,20 +184,47 @@ def plain_rounds_left(out: Path, rounds: int) -> list[int]:
     return [t for t in range(rounds) if not (out / "plain_loop" / f"round-{t}.json").is_file()]
 
 
+def round_loops(t: int) -> tuple[str, ...]:
+    """Round t's plain loops: DDP and bare, their order alternating, and timm's model in the
+    first round where timm imports (a second opinion: once is enough)."""
+    import importlib.util
+
+    order = ("ddp", "bare") if t % 2 == 0 else ("bare", "ddp")
+    return (*order, "timm") if t == 0 and importlib.util.find_spec("timm") is not None else order
+
+
 @dataclass
 class Learned:
     """What the trials run so far say of the rest: the planner's measured rates per setting
-    (calibrate.fit), the guessed cost model scaled by what it measured of it, and a plain-loop
-    process's seconds."""
+    (calibrate.fit), the guessed cost model scaled by what it measured of it, and a later
+    round's plain-loop process."""
 
     rates: dict[str, calibrate.Rate] = field(default_factory=dict)
     scale: float = 1.0  # measured wall / the cost model's guess, over the trials run
-    plain_s: float | None = None
+    plain_later_s: float | None = None
     trials: int = 0
 
     def trial_s(self, p: specmod.PlannedTrial) -> float:
         found = calibrate.estimate("vision", p.params, self.rates, p.trace)
         return found.seconds if found.how == "measured" else self.scale * found.seconds
+
+
+def plain_later_s(rounds: dict[int, dict[str, Any]]) -> float | None:
+    """A later round's plain-loop process: the mean of those run, else the first round's less
+    its probe and timm loop (None before any ran)."""
+    later = [r["process_wall_s"] for t, r in rounds.items() if t > 0]
+    if later:
+        return statistics.fmean(later)
+    if (first := rounds.get(0)) is None:
+        return None
+    timm = (first["loops"].get("timm") or {}).get("loop_s") or 0.0
+    return first["process_wall_s"] - (first.get("probe_s") or 0.0) - timm
+
+
+def plain_rounds(out: Path) -> dict[int, dict[str, Any]]:
+    """round -> what its plain-loop process wrote, for the rounds that ran."""
+    found = sorted((out / "plain_loop").glob("round-*.json")) if (out / "plain_loop").is_dir() else []
+    return {int(path.stem.removeprefix("round-")): json.loads(path.read_text()) for path in found}
 
 
 def learn(out: Path, plan: dict[str, specmod.Spec]) -> Learned:
@@ -192,27 +240,28 @@ def learn(out: Path, plan: dict[str, specmod.Spec]) -> Learned:
             guessed += cost.trial_seconds("vision", settings)
             measured += float(record.get("wall_s") or 0.0)
             trials += 1
-    walls = [json.loads(p.read_text())["process_wall_s"] for p in (out / "plain_loop").glob("round-*.json")] \
-        if (out / "plain_loop").is_dir() else []
     return Learned(rates, measured / guessed if guessed and measured else 1.0,
-                   statistics.fmean(walls) if walls else None, trials)
+                   plain_later_s(plain_rounds(out)), trials)
 
 
-def plain_loop_guess_s(s: specmod.Spec, device: str, loops: int = 2) -> float:
-    """A plain-loop process by the cost model: its start, then each loop's warm-up and steps."""
+def plain_loop_guess_s(s: specmod.Spec, device: str, t: int) -> float:
+    """Round t's plain-loop process by the cost model: its start, the first round's probe, and
+    each loop's warm-up and steps."""
     settings = specmod.plan(s)[0].params
-    steps = int(settings["epochs"]) * int(settings["max_steps"]) + int(settings["warmup_steps"])
-    return PLAIN_LOOP_START_S[device] + loops * steps * cost.vision_step_seconds(settings)
+    warmup = int(settings["warmup_steps"])
+    loop = warmup + int(settings["epochs"]) * int(settings["max_steps"])
+    probe = warmup + PROBE_STEPS if t == 0 else 0
+    steps = probe + len(round_loops(t)) * loop
+    return PLAIN_LOOP_START_S[device] + steps * cost.vision_step_seconds(settings)
 
 
 def part_seconds(name: str, s: specmod.Spec, out: Path, learned: Learned, device: str) -> float:
     """What is left of a part, by what the run has learned (the model's guess before)."""
     seconds = sum(learned.trial_s(p) for p in pending(s, records_of(out, name)))
     if name == "harness":
-        rounds = len(plain_rounds_left(out, s.trials))
-        per_round = learned.plain_s if learned.plain_s is not None \
-            else learned.scale * plain_loop_guess_s(s, device)
-        seconds += rounds * per_round
+        seconds += sum(learned.plain_later_s if t > 0 and learned.plain_later_s is not None
+                       else learned.scale * plain_loop_guess_s(s, device, t)
+                       for t in plain_rounds_left(out, s.trials))
     return seconds
 
 
@@ -238,19 +287,39 @@ def print_plan(plan: dict[str, specmod.Spec], out: Path, learned: Learned, devic
 # --- the comparison: harness trials and plain-loop processes, interleaved -----------------------
 
 def run_comparison(s: specmod.Spec, out: Path, device: str, echo: Callable[[str], None]) -> None:
-    """Round by round: a plain-loop process (its loops' order alternating), then the harness's
-    next trial (a resume of the part), each skipped where a call before ran it. The first plain
-    loop picks the steps that fill WINDOW_S on this machine (the cost model only guesses them),
-    and every harness trial and later loop takes them."""
+    """Round by round, a plain-loop process and the harness's next trial (a resume of the part),
+    which goes first alternating (a drift in the GPU's clocks then weighs on both alike), each
+    skipped where a call before ran it. The first round's plain loop goes first: it sets the
+    steps that fill WINDOW_S on this machine (the cost model only guesses them), and every
+    harness trial and later loop takes them."""
+    name = "harness"
     for t in range(s.trials):
-        order = ("ddp", "bare") if t % 2 == 0 else ("bare", "ddp")
-        if t in plain_rounds_left(out, s.trials):
-            run_plain_loop(comparison_spec(s, out), out / "plain_loop" / f"round-{t}.json", order,
-                           WINDOW_S[device] if t == 0 else None)
-        measured = comparison_spec(s, out)
-        if any(p.trial == t for p in pending(measured, records_of(out, "harness"))):
-            runner.run(measured, out / "harness", trials=t + 1, data_dir=ROOT / "data", echo=echo)
+        for turn in ("plain", "harness") if t % 2 == 0 else ("harness", "plain"):
+            measured = comparison_spec(s, out)
+            if turn == "plain" and t in plain_rounds_left(out, s.trials):
+                run_plain_round(measured, out, t, device, echo)
+            elif turn == "harness" and any(p.trial == t for p in pending(measured, records_of(out, name))):
+                runner.run(measured, out / name, trials=t + 1, data_dir=ROOT / "data", echo=echo)
         GATE.check()
+
+
+def run_plain_round(s: specmod.Spec, out: Path, t: int, device: str, echo: Callable[[str], None]) -> None:
+    """Round t's plain-loop process. The first sets the steps, unless a harness trial ran before
+    it (a resume: the trials keep theirs). A failure is kept (failed-<t>.json, its log) and
+    fails the check; the rounds after it still run, and a later call runs it again."""
+    window = WINDOW_MARGIN * WINDOW_S[device] if t == 0 and not records_of(out, "harness") else None
+    why = run_plain_loop(s, out / "plain_loop" / f"round-{t}.json", round_loops(t), window)
+    if why is not None:
+        artifact.write_text_atomic(out / "plain_loop" / f"failed-{t}.json",
+                                   json.dumps({"round": t, "why": why}, indent=1))
+        echo(f"plain loop, round {t}: {why}")
+
+
+def plain_loop_failures(out: Path, rounds: int) -> list[dict[str, Any]]:
+    """The rounds whose plain loop failed and has not run since."""
+    left = plain_rounds_left(out, rounds)
+    return [json.loads(path.read_text()) for t in left
+            if (path := out / "plain_loop" / f"failed-{t}.json").is_file()]
 
 
 def as_run(plan: dict[str, specmod.Spec], out: Path) -> dict[str, specmod.Spec]:
@@ -260,42 +329,51 @@ def as_run(plan: dict[str, specmod.Spec], out: Path) -> dict[str, specmod.Spec]:
 
 
 def comparison_spec(s: specmod.Spec, out: Path) -> specmod.Spec:
-    """The harness part with the steps the first plain loop picked (its planned steps before)."""
+    """The harness part with the epochs and steps the first plain loop picked (as planned
+    before it ran)."""
     first = out / "plain_loop" / "round-0.json"
     if not first.is_file():
         return s
-    steps = int(json.loads(first.read_text())["max_steps"])
-    return specmod.from_document(specmod.to_document(s) | {"fixed": {**s.fixed, "max_steps": steps}}, s.path)
+    picked = json.loads(first.read_text())
+    fixed = {**s.fixed, "epochs": int(picked["epochs"]), "max_steps": int(picked["max_steps"])}
+    return specmod.from_document(specmod.to_document(s) | {"fixed": fixed}, s.path)
 
 
-def run_plain_loop(s: specmod.Spec, path: Path, order: tuple[str, ...], window_s: float | None) -> None:
+def run_plain_loop(s: specmod.Spec, path: Path, loops: tuple[str, ...], window_s: float | None) -> str | None:
+    """One plain-loop process writing `path`; None, or why it failed (its output kept beside)."""
     settings = specmod.plan(s)[0].params
-    loops = ",".join([*order, "timm"])  # timm's where it imports (it says so where not)
-    argv = [sys.executable, str(PLAIN_LOOP), "--out", str(path), "--order", loops,
+    argv = [sys.executable, str(PLAIN_LOOP), "--out", str(path), "--order", ",".join(loops),
+            "--probe-steps", str(PROBE_STEPS),
             *(["--window-s", str(window_s)] if window_s is not None else []), "--",
             *params.to_flags({k: v for k, v in settings.items() if k in params.VISION}),
             "--data-dir", str(ROOT / "data")]
     device = str(settings["device"])
-    # the environment of a one-rank harness trial: the same threads, spin count and dropped
-    # TF32 overrides
+    # the environment of a one-rank harness trial: the same threads, spin count, dropped TF32
+    # overrides and GPU
     env = launch.trial_env({**os.environ, **launch.cpu_trial_env(device, os.environ)}, 1,
                            launch.allocated_cpus())
+    env |= launch.own_gpus(device, 1, os.environ.get("CUDA_VISIBLE_DEVICES"))
     path.parent.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    artifact.write_text_atomic(path.parent / f"{path.stem}.log", done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise RuntimeError(f"the plain loop failed (exit {done.returncode}); see {path.stem}.log: "
-                           f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    logs = len(list(path.parent.glob(f"{path.stem}*.log")))  # a retry's log beside the first's
+    log = path.parent / f"{path.stem}{f'-{logs}' if logs else ''}.log"
+    artifact.write_text_atomic(log, done.stdout + done.stderr)
+    if done.returncode == 0:
+        return None
+    return (f"failed (exit {done.returncode}); see {log.name}: "
+            f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
 
 
 def plain_loop_results(out: Path) -> dict[str, list[float]]:
-    """images/s of each loop over the rounds run, and their windows."""
+    """images/s of each loop over the rounds run, and the DDP and bare loops' windows (timm's
+    model is a second opinion, not the comparison)."""
     found: dict[str, list[float]] = {}
-    for path in sorted((out / "plain_loop").glob("round-*.json")) if (out / "plain_loop").is_dir() else []:
-        for name, loop in json.loads(path.read_text())["loops"].items():
+    for _, written in sorted(plain_rounds(out).items()):
+        for name, loop in written["loops"].items():
             if loop.get("images_s"):
                 found.setdefault(f"{name}_images_s", []).append(float(loop["images_s"]))
-                found.setdefault("windows_s", []).append(float(loop["window_s"]))
+                if name != "timm":
+                    found.setdefault("windows_s", []).append(float(loop["window_s"]))
     return found
 
 
@@ -352,11 +430,22 @@ def tf32_as_set(precision: str, result: dict[str, Any]) -> bool:
             and all(v is None for v in flags.get("env", {}).values()) and really)
 
 
+def final_records(records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
+    """(record, attempts) per planned trial: its ok attempt, else its latest. A trial a resume
+    ran again stands for what it finally did; the attempts before stay counted."""
+    final: dict[tuple[Any, ...], tuple[dict[str, Any], int]] = {}
+    for record in records:
+        key = (record["config_id"], record["trial"], record.get("trace", "none"))
+        before, attempts = final.get(key, ({}, 0))
+        final[key] = (before if before.get("status") == "ok" else record, attempts + 1)
+    return list(final.values())
+
+
 def trial_checks(run_dir: Path, part: str) -> list[dict[str, Any]]:
     rows = []
-    for record in store.read(run_dir / store.TRIALS_FILE):
+    for record, attempts in final_records(store.read(run_dir / store.TRIALS_FILE)):
         row = {"part": part, **record["config"], "trial": record["trial"],
-               "trace": record.get("trace", "none"), "status": record["status"]}
+               "trace": record.get("trace", "none"), "status": record["status"], "attempts": attempts}
         if record["status"] == "ok":
             result = json.loads((run_dir / f"raw/{trial_dir_name(record)}/result.json").read_text())
             precision = str(record["config"].get("precision", result.get("precision", "")))
@@ -365,6 +454,7 @@ def trial_checks(run_dir: Path, part: str) -> list[dict[str, Any]]:
             row["train_time_s"] = record["metrics"].get("train_time_s")
             row["energy_per_sample_j"] = record["metrics"].get("energy_per_sample_j")
             row["energy_reason"] = record.get("unmeasured", {}).get("energy_per_sample_j")
+            row["energy_read_by"] = (record.get("measured_how") or {}).get("energy_j")
             if record.get("trace_metrics"):
                 row["trace_kernels"] = sum(int(s.get("kernel_count", 0))
                                            for s in record["trace_metrics"].values())
@@ -410,6 +500,8 @@ def summarize_checks(rows: list[dict[str, Any]], compared: dict[str, Any], devic
         "harness_costs_too_much": harness_costs_too_much(ratio) if device == "cuda" else None,
         "nsys_traced_over_untraced": tracing_cost(rows),
         "energy_per_sample_j": energy_by_precision(rows),
+        "energy_read_by": sorted({r["energy_read_by"] for r in rows
+                                  if r["part"] == "precision" and r.get("energy_read_by")}),
     }
 
 
@@ -425,10 +517,11 @@ def harness_costs_too_much(ratio: dict[str, Any] | None) -> bool | None:
 
 
 def energy_by_precision(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean GPU energy per image of each precision's ok trials, or why there is none."""
+    """Mean GPU energy per image of each precision's ok trials in the precision part (one
+    setting apart from the precision: the other parts differ in more), or why there is none."""
     found: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        if row["part"] not in ("precision", "harness") or row["status"] != "ok":
+        if row["part"] != "precision" or row["status"] != "ok":
             continue
         found.setdefault(row["precision"], []).append(row)
     # in the precisions' own order (fp64 first), not the shuffled order the trials ran in
@@ -464,7 +557,13 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"step clock vs wall clock: largest deviation {_pct(summary['step_clock_vs_wall_max'])} "
         f"(tolerance {STEP_CLOCK_TOLERANCE:.0%}); TF32 as set: {summary['tf32_flags_as_set']}",
         f"nsys traced / untraced training time (fp32): {_num(summary['nsys_traced_over_untraced'])}",
-        f"GPU energy per image by precision: {energy_text(summary['energy_per_sample_j'])}",
+        f"GPU energy per image by precision (the precision part; read by "
+        f"{', '.join(summary['energy_read_by']) or 'nothing'}): "
+        f"{energy_text(summary['energy_per_sample_j'])}",
+        "plain-loop rounds failed: "
+        f"{', '.join(str(f['round']) for f in summary['plain_loop_failed']) or 'none'}",
+        f"seconds a limit held the GPU clocks down during the parts (NVML's violation counters): "
+        f"{held_down_text(summary['clocks_held_down_s'])}",
     ]
 
 
@@ -479,6 +578,24 @@ def write_checks(out: Path, rows: list[dict[str, Any]], summary: dict[str, Any])
     artifact.write_text_atomic(out / "tables" / "device_check.csv", frame.to_csv(index=False))
     table = tabulate(frame, headers="keys", tablefmt="github", showindex=False, floatfmt=".4g")
     artifact.write_text_atomic(out / "tables" / "device_check.md", table + "\n")
+
+
+def clocks_held_down(run_dirs: list[Path]) -> dict[str, float] | None:
+    """Seconds each limit held a GPU's clocks down, summed over the parts' runs and GPUs (each
+    run's gpu-state-end.json, from its start to its end); None where no GPU's was read."""
+    found: dict[str, float] = {}
+    for run_dir in run_dirs:
+        end = run_dir / gpu_state.END_FILE
+        for gpu in json.loads(end.read_text()).get("gpus", []) if end.is_file() else []:
+            for name, seconds in (gpu.get("held_down_s") or {}).items():
+                if seconds is not None:
+                    found[name] = found.get(name, 0.0) + seconds
+    return found or None
+
+
+def held_down_text(seconds: dict[str, float] | None) -> str:
+    return "not read (no GPU, or NVML without the counters)" if seconds is None else \
+        ", ".join(f"{name} {value:.3g} s" for name, value in seconds.items())
 
 
 def _judged(value: bool | None, otherwise: str) -> str:
@@ -509,8 +626,10 @@ def checkpoint(out: Path, plan: dict[str, specmod.Spec], device: str, skipped: d
     `final`: REPORT.md with its figures too (once, at the end: they are the slow part)."""
     ran = [name for name in plan if (out / name / store.TRIALS_FILE).is_file()]
     rows = [row for name in ran for row in trial_checks(out / name, name)]
+    rounds = plan["harness"].trials if "harness" in plan else 0
     summary = {**summarize_checks(rows, comparison(out, device), device), "parts_run": ran,
-               "parts_left": skipped}
+               "parts_left": skipped, "plain_loop_failed": plain_loop_failures(out, rounds),
+               "clocks_held_down_s": clocks_held_down([out / name for name in ran])}
     write_checks(out, rows, summary)
     if final and ran:
         report.write_report([out / name for name in ran], out, claim_list=None)
@@ -567,8 +686,9 @@ def check(argv: list[str] | None, clock: Callable[[], float] = time.monotonic) -
               file=sys.stderr)
         return 2
     out = args.out or ROOT / "artifact" / "runs" / run_name(args.device, gpus)
-    if args.dry_run and args.device == "cuda":  # the most it could run: nsys present, 2 GPUs
-        plan = specs(parts(args.device, max(2, len(gpus)), True, args.trials), out)
+    if args.dry_run and args.device == "cuda":  # the GPUs seen here (one where none is), nsys present
+        plan = as_run(specs(chosen(parts(args.device, max(1, len(gpus)), True, args.trials), args.parts),
+                            out), out)
         print_plan(plan, out, learn(out, plan), args.device, print)
         print("--dry-run: nothing started (nsys runs only where it is on PATH, nccl only where two "
               "GPUs are visible)")
@@ -625,7 +745,8 @@ def record_environment(out: Path, gpus: list[Any]) -> None:
 
 def finish_status(summary: dict[str, Any], skipped: dict[str, str], out: Path, seconds: float) -> int:
     """0 every part ran and held, 1 a check or a trial failed, 3 nothing failed but parts are left."""
-    failed = summary["not_ok"] or summary["step_clock_within_tolerance"] is False \
+    failed = summary["not_ok"] or summary.get("plain_loop_failed") \
+        or summary["step_clock_within_tolerance"] is False \
         or summary["tf32_flags_as_set"] is False or summary["harness_costs_too_much"] is True \
         or summary["windows_long_enough"] is False
     print(f"device check: {summary['ok']}/{summary['trials']} trials ok, parts left for the next "

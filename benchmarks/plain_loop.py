@@ -13,9 +13,15 @@ of `--order` builds its own model and runs in turn in this one process:
   hooks, bucket copies, buffer broadcast);
 - `bare`: no DDP at all, so DDP's own cost shows apart;
 - `timm`: timm's mobilenetv2_100 without DDP, where timm imports (another library's model of the
-  same network, the step timm's benchmark.py times).
+  same network, the step timm's benchmark.py times); where it does not import or fails, the loop
+  says why and the others still count.
 
-It writes FILE: images/s and the timed window of each loop, and the process's wall time.
+With `--window-s`, a short probe of the bare loop (the fastest) first sets the steps: every loop
+then times at least that many seconds, over more epochs where one epoch of the training set
+cannot hold them (as the harness's loader ends an epoch at its last full batch).
+
+It writes FILE: images/s, the timed window and the wall time of each loop, the probe's, the
+steps as set, and the process's wall time.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import torch.distributed as dist  # noqa: E402
 import torchvision  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from multicard import precision  # noqa: E402
+from multicard import cost, precision  # noqa: E402
 from multicard.artifact import write_text_atomic  # noqa: E402
 from multicard.loaders import LOADERS  # noqa: E402
 from multicard.profiling.capture import NoTracer  # noqa: E402
@@ -63,10 +69,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     parser.add_argument("--order", default="ddp,bare",
                         help=f"the loops to run, in this order, comma-separated ({', '.join(LOOPS)})")
     parser.add_argument("--window-s", type=float,
-                        help="instead of epochs x max_steps, time as many steps (a multiple of the "
-                             "epochs) as fill this many seconds with a quarter to spare, from a short "
-                             "probe of the first loop: the device check then gives its harness trials "
-                             "the steps this picked")
+                        help="instead of epochs x max_steps, time at least this many seconds in "
+                             "every loop, by a short probe of the bare loop: the device check then "
+                             "gives its harness trials the epochs and steps this picked")
+    parser.add_argument("--probe-steps", type=int, default=20, help="timed steps of the probe")
     args = parser.parse_args(ours)
     args.order = [name.strip() for name in args.order.split(",") if name.strip()]
     if not args.order or set(args.order) - set(LOOPS):
@@ -87,28 +93,43 @@ def main(argv: list[str] | None = None) -> None:
         dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{rendezvous}/store",
                                 rank=0, world_size=1)
         try:
+            probe_s = None
             if args.window_s is not None:
-                settings.max_steps = steps_per_epoch_for(args.window_s, args.order[0], settings, device)
-            found = {name: run_loop(name, settings, device) for name in args.order}
+                started = time.monotonic()
+                settings.epochs, settings.max_steps = steps_for(args.window_s, args.probe_steps,
+                                                                settings, device)
+                probe_s = time.monotonic() - started
+            found = {name: run_timed(name, settings, device) for name in args.order}
         finally:
             dist.destroy_process_group()
     write_text_atomic(args.out, json.dumps({
         "order": args.order, "loops": found, "epochs": settings.epochs,
         "max_steps": settings.max_steps, "steps": settings.epochs * settings.max_steps,
-        "warmup_steps": settings.warmup_steps, "pid": os.getpid(),
+        "warmup_steps": settings.warmup_steps, "probe_s": probe_s, "pid": os.getpid(),
         "process_wall_s": time.monotonic() - T_START}, indent=1))
 
 
-PROBE_STEPS = 20
+def steps_for(window_s: float, probe_steps: int, settings: argparse.Namespace,
+              device: torch.device) -> tuple[int, int]:
+    """(epochs, max_steps) that time at least `window_s` in the bare loop, by `probe_steps` of
+    it (after its warm-up), each epoch within the training set's full batches."""
+    probe = argparse.Namespace(**{**vars(settings), "epochs": 1, "max_steps": probe_steps})
+    step_s = run_loop("bare", probe, device)["window_s"] / probe_steps
+    per_epoch = cost.full_batches(settings.train_subset, settings.batch_size, 1)
+    return cost.steps_over_epochs(math.ceil(window_s / step_s), settings.epochs, per_epoch)
 
 
-def steps_per_epoch_for(window_s: float, name: str, settings: argparse.Namespace,
-                        device: torch.device) -> int:
-    """max_steps per epoch for a timed window of at least `window_s`, a quarter to spare: from
-    PROBE_STEPS timed steps of loop `name` (after its warm-up)."""
-    probe = argparse.Namespace(**{**vars(settings), "epochs": 1, "max_steps": PROBE_STEPS})
-    step_s = run_loop(name, probe, device)["window_s"] / PROBE_STEPS
-    return max(PROBE_STEPS, math.ceil(1.25 * window_s / (step_s * settings.epochs)))
+def run_timed(name: str, settings: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """run_loop with its wall time (model, warm-up and steps); timm's failure said, not raised:
+    another library's model is a second opinion, not the reference."""
+    started = time.monotonic()
+    try:
+        found = run_loop(name, settings, device)
+    except Exception as exc:
+        if name != "timm":
+            raise
+        found = {"images_s": None, "why": f"timm failed: {type(exc).__name__}: {exc}"}
+    return {**found, "loop_s": time.monotonic() - started}
 
 
 def run_loop(name: str, settings: argparse.Namespace, device: torch.device) -> dict[str, Any]:

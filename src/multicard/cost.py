@@ -51,6 +51,19 @@ def vision_step_seconds(settings: Mapping[str, Value]) -> float:
     return STEP_OVERHEAD_S[str(settings["device"])] + int(settings["batch_size"]) / _rank_rate(settings)
 
 
+def full_batches(train_subset: int, batch_size: int, ranks: int) -> int:
+    """Full batches per rank in one epoch of the training set (or its subset): where an epoch
+    of `max_steps` steps ends at most."""
+    return (train_subset or MNIST_TRAIN) // (batch_size * ranks)
+
+
+def steps_over_epochs(total: int, epochs: int, per_epoch: int) -> tuple[int, int]:
+    """(epochs, max_steps) for at least `total` steps: `epochs` at the least, more where one
+    epoch cannot hold its share of them (`per_epoch`: full_batches)."""
+    epochs = max(epochs, math.ceil(total / max(1, per_epoch)))
+    return epochs, math.ceil(total / epochs)
+
+
 def vision_trial_seconds(settings: Mapping[str, Value]) -> float:
     device = str(settings["device"])
     ranks = int(settings["gpus"]) * int(settings["nnodes"])

@@ -2,9 +2,13 @@
 
 Per GPU: the power limit and the one enforced, SM and memory clocks (now and the application
 clocks), why the clocks are held down (throttle reasons, as names), persistence mode, compute
-mode, MIG mode, ECC and the PCIe link (generation and width, now and at most). Read into env.json
-when a run starts and into `gpu-state-end.json` when it ends, so a GPU that throttled in between
-shows it. A value NVML cannot give is None, with why, never a made-up default.
+mode, MIG mode, ECC and the PCIe link (generation and width, now and at most), and NVML's
+cumulative counters of how long a constraint (power, heat, board limit, reliability, sync boost)
+held the clocks below what was asked. Read into env.json when a run starts and into
+`gpu-state-end.json` when it ends. The reasons are a moment's: at the end the GPU is idle, so a
+throttle during the trials does not show in them; the counters' difference does
+(`held_down_s`): the seconds each constraint held the clocks down between the two reads. A value
+NVML cannot give is None, with why, never a made-up default.
 """
 
 from __future__ import annotations
@@ -25,6 +29,14 @@ THROTTLE_REASONS = {
     "nvmlClocksThrottleReasonHwThermalSlowdown": "hw_thermal_slowdown",
     "nvmlClocksThrottleReasonHwPowerBrakeSlowdown": "hw_power_brake_slowdown",
     "nvmlClocksThrottleReasonDisplayClockSetting": "display_clock_setting",
+}
+# NVML's violation counters (nvmlDeviceGetViolationStatus: cumulative nanoseconds), by policy
+HELD_DOWN_BY = {
+    "NVML_PERF_POLICY_POWER": "power",
+    "NVML_PERF_POLICY_THERMAL": "thermal",
+    "NVML_PERF_POLICY_BOARD_LIMIT": "board_limit",
+    "NVML_PERF_POLICY_RELIABILITY": "reliability",
+    "NVML_PERF_POLICY_SYNC_BOOST": "sync_boost",
 }
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 
@@ -74,8 +86,28 @@ def read(nvml: Any, handle: Any) -> dict[str, Any]:
         "pcie_max_generation": get("pcie_max_generation",
                                    lambda: nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle)),
         "pcie_max_width": get("pcie_max_width", lambda: nvml.nvmlDeviceGetMaxPcieLinkWidth(handle)),
+        "held_down_ns": {name: get(f"held_down_ns.{name}", lambda policy=policy: int(
+            nvml.nvmlDeviceGetViolationStatus(handle, policy).violationTime))
+            for constant, name in HELD_DOWN_BY.items()
+            if (policy := getattr(nvml, constant, None)) is not None},
         "unread": unread,
     }
+
+
+def held_down_s(start: dict[str, Any], end: dict[str, Any]) -> dict[str, float | None]:
+    """Seconds each constraint held the clocks down between two reads of one GPU (the
+    counters' difference); None for a counter either read lacks."""
+    before, after = start.get("held_down_ns") or {}, end.get("held_down_ns") or {}
+    return {name: None if before.get(name) is None or after.get(name) is None
+            else (after[name] - before[name]) / 1e9 for name in HELD_DOWN_BY.values()}
+
+
+def with_held_down(at_end: list[dict[str, Any]], at_start: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The GPUs read at the end, each with `held_down_s` since its read at the start (matched by
+    UUID; no entry for a GPU the start did not read)."""
+    started = {g.get("uuid"): g.get("state") or {} for g in at_start}
+    return [{**gpu, "held_down_s": held_down_s(started[gpu["uuid"]], gpu["state"])}
+            if gpu.get("uuid") in started else gpu for gpu in at_end]
 
 
 def every_gpu() -> tuple[list[dict[str, Any]], str | None]:

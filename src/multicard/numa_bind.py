@@ -36,18 +36,29 @@ def binding(policy: str, device: str, topology: numa.Topology, local_rank: int, 
             cuda_visible_devices: str | None, allowed: Iterable[int]) -> tuple[list[str], list[int], int]:
     """(the numactl prefix, the CPUs the rank is bound to, how many local ranks share them) for
     one rank: under torchrun's policies the CPUs it was started on (`allowed`: torchrun bound
-    it), shared by the local ranks of its home node (by none under `exclusive`); under numactl's
-    the CPUs of the node it binds to; none under `interleave` (it binds memory only)."""
+    it), shared by the local ranks whose home node lies within them (by none under `exclusive`;
+    under `socket`, every rank of the socket's nodes); under numactl's the CPUs of the node it
+    binds to; none under `interleave` (it binds memory only)."""
     homes = [numa.home_node(topology, device, rank, cuda_visible_devices)
              for rank in range(max(local_world, local_rank + 1))]
     if policy in numa.TORCHRUN_POLICIES:
-        sharing = 1 if numa.TORCHRUN_POLICIES[policy] == "exclusive" else homes.count(homes[local_rank])
+        sharing = 1 if numa.TORCHRUN_POLICIES[policy] == "exclusive" else \
+            _ranks_within(topology, homes, local_rank, set(allowed))
         return [], sorted(allowed), sharing
     prefix = numa.numactl_args(policy, topology, homes[local_rank])
     targets = [numa.bound_node(policy, topology, home) for home in homes]
     node = topology.node(targets[local_rank]) if targets[local_rank] is not None else None
     own = sorted(set(node.cpus) & set(allowed)) if node else []
     return prefix, own, targets.count(targets[local_rank])
+
+
+def _ranks_within(topology: numa.Topology, homes: list[int | None], local_rank: int, own: set[int]) -> int:
+    """Local ranks whose home node's CPUs all lie within `own` (torchrun bound each rank to its
+    node's or socket's CPUs): the ranks that share them; those of the same home node where its
+    own node is not wholly within (a binding the topology does not show)."""
+    nodes = [topology.node(home) if home is not None else None for home in homes]
+    within = [node is not None and bool(node.cpus) and set(node.cpus) <= own for node in nodes]
+    return sum(within) if within[local_rank] else homes.count(homes[local_rank])
 
 
 if __name__ == "__main__":

@@ -191,9 +191,12 @@ def _prepare(spec: Spec, out: Path, data_dir: Path) -> None:
 
 
 def _record_gpus_at_end(out: Path) -> None:
-    """The GPUs' state when the run's trials ended, beside env.json's from its start: a GPU that
-    throttled (power cap, heat) in between shows it."""
+    """The GPUs' state when the run's trials ended, beside env.json's from its start, and how
+    long power, heat or another limit held each one's clocks down in between."""
     found, why = gpu_state.every_gpu()
+    env = out / "env.json"
+    found = gpu_state.with_held_down(found, json.loads(env.read_text()).get("gpus") or []
+                                     if env.is_file() else [])
     artifact.write_text_atomic(out / gpu_state.END_FILE, json.dumps(
         {"captured": datetime.now(UTC).isoformat(timespec="seconds"), "gpus": found, "why_none": why},
         indent=1))

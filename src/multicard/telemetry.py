@@ -5,24 +5,35 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from multicard import devices, resources
 
+# NVML's utilisation is the share of its last sample period (1/6 s to 1 s by product) in which a
+# kernel ran: a sample in the first second of a window still averages time from before it.
+NVML_UTIL_LAG_S = 1.0
+
 
 class GpuUtilSampler:
     """Samples `nvmlDeviceGetUtilizationRates(...).gpu` every `period_s` in a daemon thread.
 
     NVML counts the share of time in which at least one kernel ran, so it shows idle gaps (data
-    stalls, pre-epoch pauses), not how full the SMs were. `uuid=None` (a CPU run) samples nothing.
+    stalls, pre-epoch pauses), not how full the SMs were. The mean counts the samples taken
+    `lag_s` or more after the window's start (all since the start, in a window shorter than
+    that). `uuid=None` (a CPU run) samples nothing.
     """
 
-    def __init__(self, uuid: str | None, period_s: float = 0.1) -> None:
+    def __init__(self, uuid: str | None, period_s: float = 0.1, lag_s: float = NVML_UTIL_LAG_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.uuid = uuid
         self.period_s = period_s
-        self.samples: list[int] = []
+        self.lag_s = lag_s
+        self.clock = clock
+        self.samples: list[tuple[float, int]] = []  # (clock, percent): appended by the thread only
+        self.start = clock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -42,12 +53,13 @@ class GpuUtilSampler:
 
     def _sample(self, pynvml: object, handle: object) -> None:
         while not self._stop.wait(self.period_s):
-            self.samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)  # type: ignore[attr-defined]
+            percent = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu  # type: ignore[attr-defined]
+            self.samples.append((self.clock(), percent))
 
     def mark_start(self) -> None:
         """The measured window starts now (after the ranks' barrier): the samples before it,
-        the wait at the barrier among them, are dropped."""
-        self.samples.clear()
+        the wait at the barrier among them, do not count."""
+        self.start = self.clock()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -57,8 +69,11 @@ class GpuUtilSampler:
             self._thread.join()
 
     def mean(self) -> float | None:
-        """Mean utilisation as a fraction in [0, 1], or None with no samples."""
-        return sum(self.samples) / len(self.samples) / 100.0 if self.samples else None
+        """Mean utilisation as a fraction in [0, 1], or None with no samples in the window."""
+        window = [percent for t, percent in self.samples if t >= self.start]
+        settled = [percent for t, percent in self.samples if t >= self.start + self.lag_s]
+        counted = settled or window
+        return sum(counted) / len(counted) / 100.0 if counted else None
 
 
 def visible_gpus() -> list[devices.GpuIdentity]:

@@ -242,3 +242,14 @@ def test_a_ranks_threads_follow_its_own_binding(policy: str, local_rank: int, ow
     assert (prefix[:1] == ["numactl"]) is (policy in ("local", "remote", "interleave"))
     if cpus:
         assert numa.omp_threads(cpus, shared) == len(own) // sharing  # not 48 // 4 = 12 each
+
+
+def test_torchruns_socket_binding_is_shared_by_every_rank_of_the_sockets_nodes() -> None:
+    from multicard import numa_bind
+
+    # one socket of both nodes (CPUs 0-47): its four ranks share them; per node, two do
+    topology = live_like("0000:1b:00.0", "0000:43:00.0", "0000:9b:00.0", "0000:c3:00.0")
+    _, cpus, shared = numa_bind.binding("torchrun_socket", "cuda", topology, 1, 4, None, range(48))
+    assert (len(cpus), shared) == (48, 4)
+    _, cpus, shared = numa_bind.binding("torchrun_node", "cuda", topology, 1, 4, None, range(24))
+    assert (len(cpus), shared) == (24, 2) and numa.omp_threads(cpus, shared) == 12

@@ -109,7 +109,7 @@ def test_the_trial_sampler_sees_a_stray_context_on_a_gpu_outside_the_trial(
     assert cpu_only.unmeasured()["stray_contexts"] == "CPU run: no GPU"
 
 
-def test_gpu_utilisation_counts_from_the_windows_start_not_from_the_barrier(
+def test_gpu_utilisation_counts_from_a_second_into_the_window_not_from_the_barrier(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
     import time
@@ -117,13 +117,25 @@ def test_gpu_utilisation_counts_from_the_windows_start_not_from_the_barrier(
 
     from multicard.telemetry import GpuUtilSampler
 
-    busy = {"now": 0}  # idle at the barrier, busy once training starts
+    now = {"t": 0.0, "gpu": 0}  # the sampler's clock, and what NVML says
+
+    def settle(until: float) -> None:  # wait for a sample taken at `until` (the clock is ours)
+        deadline = time.monotonic() + 30
+        while not any(t >= until for t, _ in util.samples) and time.monotonic() < deadline:
+            time.sleep(0.005)
+
     monkeypatch.setitem(sys.modules, "pynvml", SimpleNamespace(
         nvmlInit=lambda: None, nvmlDeviceGetHandleByUUID=lambda uuid: uuid,
-        nvmlDeviceGetUtilizationRates=lambda handle: SimpleNamespace(gpu=busy["now"])))
-    with GpuUtilSampler("GPU-a", period_s=0.01) as util:
-        time.sleep(0.1)  # the barrier: no kernels
-        busy["now"] = 100
+        nvmlDeviceGetUtilizationRates=lambda handle: SimpleNamespace(gpu=now["gpu"])))
+    with GpuUtilSampler("GPU-a", period_s=0.001, clock=lambda: now["t"]) as util:
+        settle(0.0)  # the barrier: no kernels
+        now["gpu"] = 30  # NVML's sample still averages the idle time before the window
+        now["t"] = 10.0
         util.mark_start()
-        time.sleep(0.1)
-    assert util.samples and util.mean() == 1.0
+        now["t"] = 10.5
+        settle(10.5)
+        assert util.mean() == pytest.approx(0.3)  # a window shorter than the lag: all of it
+        now["gpu"] = 100
+        now["t"] = 11.0
+        settle(11.0)
+    assert util.mean() == 1.0  # from a second in: neither the barrier nor the lag

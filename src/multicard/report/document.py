@@ -95,10 +95,11 @@ def _environment_section(runs: list[RunData], out: Path) -> str:
 
 def _gpu_state_section(runs: list[RunData], out: Path) -> str:
     """Each run's GPUs as set and as they were when it started and ended (env.json,
-    gpu-state-end.json): limits, clocks, throttle reasons, modes, ECC, PCIe, NCCL."""
+    gpu-state-end.json): limits, clocks, throttle reasons, how long a limit held the clocks
+    down in between, modes, ECC, PCIe, NCCL."""
     rows = []
     for run in runs:
-        at_end = {g.get("uuid"): g.get("state") or {} for g in run.gpus_at_end}
+        at_end = {g.get("uuid"): g for g in run.gpus_at_end}
         nccl = (run.env.get("torch") or {}).get("nccl")
         rows += [{"run": f"`{_rel(run.path, out)}`", **_gpu_row(gpu, at_end.get(gpu.get("uuid"), {})),
                   "NCCL": nccl} for gpu in run.env.get("gpus") or []]
@@ -109,8 +110,8 @@ def _gpu_state_section(runs: list[RunData], out: Path) -> str:
     return "\n" + _collapsed(summary, body)
 
 
-def _gpu_row(gpu: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
-    start = gpu.get("state") or {}
+def _gpu_row(gpu: dict[str, Any], at_end: dict[str, Any]) -> dict[str, Any]:
+    start, end = gpu.get("state") or {}, at_end.get("state") or {}
     pcie = (f"{start.get('pcie_generation')} x {start.get('pcie_width')} "
             f"({start.get('pcie_max_generation')} x {start.get('pcie_max_width')})")
     return {"GPU": gpu.get("index"),
@@ -119,6 +120,7 @@ def _gpu_row(gpu: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
             "memory clock / application (MHz)": _pair(start, "memory_clock_mhz",
                                                       "application_memory_clock_mhz"),
             "throttle reasons: start -> end": f"{_reasons(start)} -> {_reasons(end)}",
+            "clocks held down in between (s)": _held_down(at_end.get("held_down_s")),
             "persistence": start.get("persistence_mode"), "compute mode": start.get("compute_mode"),
             "MIG": start.get("mig_mode"), "ECC": start.get("ecc_enabled"), "PCIe gen x width (max)": pcie}
 
@@ -135,6 +137,14 @@ def _reasons(state: dict[str, Any]) -> str:
     """Throttle reasons in words: "none", their names, or "n/a" where not read."""
     found = state.get("throttle_reasons")
     return "n/a" if found is None else ", ".join(found) or "none"
+
+
+def _held_down(seconds: dict[str, float | None] | None) -> str:
+    """The limits that held the clocks down, with their seconds: "none", or "n/a" unread."""
+    read = {name: s for name, s in (seconds or {}).items() if s is not None}
+    if not read:
+        return "n/a"
+    return ", ".join(f"{name} {s:.3g}" for name, s in read.items() if s > 0) or "none"
 
 
 def _names(names: list[str]) -> str:
@@ -469,7 +479,8 @@ def _collapsed(summary: str, body: str) -> str:
 
 def _energy_section(runs: list[RunData], questions: list[claims.Claim] | None, out: Path) -> str:
     """The artifact's own questions (experiments/energy_questions.toml), answered by the claims'
-    rules: does each of the paper's levers save GPU energy per image?"""
+    rules: does each of the paper's levers save energy per image (the GPUs', and the CPU
+    packages' too where a lever moves work between the CPU and the GPU)?"""
     if questions is None:
         return ""
     table, counts = _verdicts(runs, questions)
@@ -483,11 +494,14 @@ def _energy_section(runs: list[RunData], questions: list[claims.Claim] | None, o
             else "no trial measured GPU energy (each record's `unmeasured` says why)")
     return ("## Energy\n\n"
             "Questions of this artifact, not claims of the paper (which measures time only): does "
-            f"each lever save GPU energy per training image? {len(table)} questions: {counts}. "
+            f"each lever save energy per training image? {len(table)} questions: {counts}. "
             "Energy is every trial GPU's over the timed epochs, from NVML's counter where the "
             "window is at least 5 s and from its instantaneous power samples integrated where it "
             f"is shorter (node level for the GPUs, not the wall socket); read here as {read}; two "
-            "arms read differently are not compared. A ratio above "
+            "arms read differently are not compared. A lever that moves work between the CPU and "
+            "the GPU (pinned copies, GPU decoding) is judged on the GPUs' and the CPU packages' "
+            "energy together (RAPL), its verdict marked \"GPU energy only\" where RAPL could not be "
+            "read. A ratio above "
             "1 means the lever's arm uses less energy per image. Same intervals and verdict rules "
             "as the claims.\n\n" + narrow + "\n\n"
             + _collapsed("every column: `tables/energy_questions.csv`",

@@ -186,12 +186,13 @@ def main(argv: list[str] | None = None) -> None:
         # the meters' windows end where train_time does (closed explicitly below), not after
         # the tracer's export
         meters = sampling.enter_context(ExitStack())
+        # the capture starts before the clock: nsys's start-up (cudaProfilerStart) is not timed
+        tracer.start()
         # samplers first, then the barrier: every rank's clock starts right after it; the GPU's
         # meters last, so their windows start after, and end before, the others' reads
         t_train = start_together([usage, counters.Window(), *([cpu_energy] if cpu_energy else []), util,
                                   gpu_energy], dist.barrier, meters)
         timeline["clock_start"] = time.time()
-        tracer.start()
         for epoch in range(args.epochs):
             t_epoch = time.perf_counter()
             with tracer.range(f"epoch_start {epoch}"):  # a marker: the pause is measured from it
