@@ -48,8 +48,10 @@ def test_no_cuda_event_is_created_or_destroyed_inside_the_timed_epochs(tree: Pat
             torch.cuda.synchronize()
             assert loader.h2d_seconds() > 0 and len(clock.intervals_s()) == loader.steps_per_epoch
     names = {e.name for e in prof.events()}
-    assert "cudaEventRecord" in names  # the runtime calls are in the trace at all
-    assert not {n for n in names if n.startswith(("cudaEventCreate", "cudaEventDestroy"))}
+    events = sorted(n for n in names if n.startswith("cudaEvent"))
+    # the runtime calls are in the trace at all (named with a suffix by some CUDA versions)
+    assert any(n.startswith("cudaEventRecord") for n in events), events or sorted(names)[:40]
+    assert not [n for n in events if n.startswith(("cudaEventCreate", "cudaEventDestroy"))], events
 
 
 def test_unpinned_batches_are_pageable(tree: Path) -> None:  # noqa: F811

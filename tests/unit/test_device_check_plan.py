@@ -3,12 +3,14 @@ what a resume still runs, what the trials run teach the estimate, the comparison
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
 
-from multicard import calibrate, cost
+from multicard import calibrate, cost, store
 from multicard import spec as specmod
 from tests.helpers import ROOT, load_script
 
@@ -134,3 +136,23 @@ def test_a_failed_plain_loop_is_kept_and_fails_the_check_until_a_later_call_runs
     assert [f["round"] for f in device_check.plain_loop_failures(out, 3)] == [0]
     (out / "plain_loop" / "round-0.json").write_text("{}")  # a later call ran it
     assert device_check.plain_loop_failures(out, 3) == []
+
+
+def test_each_comparison_sets_like_against_like(tmp_path: Path) -> None:
+    # the harness runs in DDP: it meets the DDP loop; the bare loop (no DDP) meets timm's, also bare
+    for t, (ddp, bare) in enumerate([(2000.0, 2500.0), (2100.0, 2600.0), (1900.0, 2400.0)]):
+        loops = {"ddp": {"images_s": ddp, "window_s": 12.0}, "bare": {"images_s": bare, "window_s": 10.0}}
+        if t == 0:
+            loops["timm"] = {"images_s": 1250.0, "window_s": 11.0}
+        (tmp_path / "plain_loop").mkdir(exist_ok=True)
+        (tmp_path / "plain_loop" / f"round-{t}.json").write_text(json.dumps({"loops": loops}))
+        store.append(tmp_path / "harness" / store.TRIALS_FILE,
+                     {"status": "ok", "metrics": {"throughput_samples_s": ddp / 2, "train_time_s": 10.5}})
+    found = device_check.comparison(tmp_path, "cuda")
+    assert found["multicard / plain loop"]["ratio"] == pytest.approx(0.5)
+    assert found["plain loop / bare loop"]["ratio"] == pytest.approx(
+        statistics.geometric_mean([2000, 2100, 1900]) / statistics.geometric_mean([2500, 2600, 2400]))
+    # one timm loop: a ratio of means, without an interval
+    assert found["bare loop / timm"]["ratio"] == pytest.approx(2500.0 / 1250.0)
+    assert found["bare loop / timm"]["n"] == [3, 1] and math.isnan(found["bare loop / timm"]["ci_lo"])
+    assert found["shortest_window_s"] == 10.0 and found["windows_long_enough"] is True
