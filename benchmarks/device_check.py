@@ -354,14 +354,23 @@ def run_plain_loop(s: specmod.Spec, path: Path, loops: tuple[str, ...], window_s
                            launch.allocated_cpus())
     env |= launch.own_gpus(device, 1, os.environ.get("CUDA_VISIBLE_DEVICES"))
     path.parent.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(argv, env=env, capture_output=True, text=True)
     logs = len(list(path.parent.glob(f"{path.stem}*.log")))  # a retry's log beside the first's
     log = path.parent / f"{path.stem}{f'-{logs}' if logs else ''}.log"
+    try:  # a hung loop (an NCCL or CUDA init that never returns) must not take the whole slot
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=s.timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        artifact.write_text_atomic(log, _text(exc.stdout) + _text(exc.stderr))
+        return f"timed out after {s.timeout_s:g} s (the spec's trial timeout); see {log.name}"
     artifact.write_text_atomic(log, done.stdout + done.stderr)
     if done.returncode == 0:
         return None
     return (f"failed (exit {done.returncode}); see {log.name}: "
             f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+
+
+def _text(output: str | bytes | None) -> str:
+    """What a timed-out process had written (bytes even with text=True, or None)."""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def plain_loop_results(out: Path) -> dict[str, list[float]]:
@@ -551,7 +560,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"multicard / plain loop: {ratio_text(summary['multicard / plain loop'])} "
         f"({_num(summary['multicard_images_s'])} vs {_num(summary.get('ddp_images_s'))} images/s; "
         f"costs more than {PLAIN_LOOP_TOLERANCE:.0%}: "
-        f"{_judged(summary['harness_costs_too_much'], 'not judged on CPU')})",
+        f"{_cost_verdict(summary['harness_costs_too_much'])})",
         f"plain loop / bare loop (DDP's own cost): {ratio_text(summary['plain loop / bare loop'])}",
         f"bare loop / timm (torchvision's model against timm's, both without DDP): "
         f"{ratio_text(summary['bare loop / timm'])}",
@@ -562,7 +571,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"nsys traced / untraced training time (fp32): {_num(summary['nsys_traced_over_untraced'])}",
         f"GPU energy per image by precision (the precision part; read by "
         f"{', '.join(summary['energy_read_by']) or 'nothing'}): "
-        f"{energy_text(summary['energy_per_sample_j'])}",
+        f"{energy_text(summary['energy_per_sample_j'])}"
+        + ("; read two ways, so not comparable with each other"
+           if len(summary["energy_read_by"]) > 1 else ""),
         "plain-loop rounds failed: "
         f"{', '.join(str(f['round']) for f in summary['plain_loop_failed']) or 'none'}",
         f"seconds a limit held the GPU clocks down during the parts (NVML's violation counters): "
@@ -583,26 +594,31 @@ def write_checks(out: Path, rows: list[dict[str, Any]], summary: dict[str, Any])
     artifact.write_text_atomic(out / "tables" / "device_check.md", table + "\n")
 
 
-def clocks_held_down(run_dirs: list[Path]) -> dict[str, float] | None:
+def clocks_held_down(run_dirs: list[Path]) -> dict[str, float | None] | None:
     """Seconds each limit held a GPU's clocks down, summed over the parts' runs and GPUs (each
-    run's gpu-state-end.json, from its start to its end); None where no GPU's was read."""
-    found: dict[str, float] = {}
+    run's gpu-state-end.json, from its start to its end); a limit is None where one part could
+    not read it (a sum without that part would read low); None where no GPU's was read."""
+    found: dict[str, float | None] = {}
     for run_dir in run_dirs:
         end = run_dir / gpu_state.END_FILE
         for gpu in json.loads(end.read_text()).get("gpus", []) if end.is_file() else []:
             for name, seconds in (gpu.get("held_down_s") or {}).items():
-                if seconds is not None:
-                    found[name] = found.get(name, 0.0) + seconds
-    return found or None
+                total = found.get(name, 0.0)
+                found[name] = None if seconds is None or total is None else total + seconds
+    return found if any(v is not None for v in found.values()) else None
 
 
-def held_down_text(seconds: dict[str, float] | None) -> str:
+def held_down_text(seconds: dict[str, float | None] | None) -> str:
     return "not read (no GPU, or NVML without the counters)" if seconds is None else \
-        ", ".join(f"{name} {value:.3g} s" for name, value in seconds.items())
+        ", ".join(f"{name} {'n/a' if value is None else f'{value:.3g} s'}" for name, value in seconds.items())
 
 
-def _judged(value: bool | None, otherwise: str) -> str:
-    return otherwise if value is None else str(value)
+def _cost_verdict(value: bool | None) -> str:
+    # False is no evidence of a cost, not evidence of none: a wide interval reaching above the
+    # tolerance cannot fail the check
+    if value is None:
+        return "not judged on CPU"
+    return "True (the interval lies wholly below)" if value else "not shown (the interval reaches above)"
 
 
 def _pct(value: float | None) -> str:
@@ -666,8 +682,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="run directory (default under artifact/runs/); an "
                         "existing one is continued where it stopped")
     parser.add_argument("--trials", type=int, choices=range(1, 11), metavar="N",
-                        help=f"trials per config in every part (default: {ROUNDS} rounds of the "
-                             "comparison, 1 elsewhere)")
+                        help=f"trials per config in harness, precision and pin_memory (default: "
+                             f"{ROUNDS} rounds of the comparison, 1 elsewhere; nsys and nccl run 1)")
     parser.add_argument("--parts", metavar="NAME,...",
                         help="run only these parts (harness, precision, pin_memory, nsys, nccl); "
                              "default: every part this machine can run")

@@ -4,10 +4,11 @@ device check holds the harness against, like for like.
     python3 benchmarks/plain_loop.py --out FILE --order ddp,bare -- --device cuda --precision fp16 ...
 
 The flags after `--` are the vision workload's (multicard.params.VISION), the same a harness trial
-gets: the same model, precision policy, TF32 switches, cuDNN setting, optimizer, warm-up steps and
-resident batch (the synthetic loader's), and `epochs x max_steps` timed steps. What it leaves out
-is the harness: torchrun, the loader's epochs, the step clock, the meters, evaluation. Each loop
-of `--order` builds its own model and runs in turn in this one process:
+gets: the same model, precision policy, TF32 switches, cuDNN setting, optimizer, warm-up (its
+steps, then the model, optimizer and GradScaler reset), resident batch (the synthetic loader's),
+and `epochs x max_steps` timed steps. What it leaves out is the harness: torchrun, the loader's
+epochs, the step clock, the meters, evaluation. Each loop of `--order` builds its own model and
+runs in turn in this one process:
 
 - `ddp`: the model wrapped in a one-rank DistributedDataParallel, as the harness wraps it (reducer
   hooks, bucket copies, buffer broadcast);
@@ -149,15 +150,15 @@ def run_loop(name: str, settings: argparse.Namespace, device: torch.device) -> d
                                         else precision.input_dtype(policy))
     autocast = torch.autocast(device.type, dtype=precision.torch_dtype(policy.autocast_dtype)) \
         if policy.autocast_dtype else nullcontext()
-    optimizer = vision.make_optimizer(model, settings)
-    scaler = torch.amp.GradScaler(device.type, enabled=policy.grad_scaler)
+    # the harness's own warm-up: its steps and batch sizes, then the model, optimizer and
+    # GradScaler reset (a fresh scaler's first fp16 steps may be skipped ones, as the harness's are)
+    warmed = warmup_batch_sizes(batch.samples_per_rank, settings.batch_size) if settings.warmup_steps else []
+    optimizer, scaler = vision.warm_up(stepped, model, settings, config, model_input, autocast, policy,
+                                       warmed)
 
     def step() -> None:  # the harness's call, its cast to the model's input dtype included
         vision.train_step(stepped, optimizer, scaler, images.to(model_input), labels, autocast, NoTracer())
 
-    warmed = warmup_batch_sizes(batch.samples_per_rank, settings.batch_size)
-    for _ in range(settings.warmup_steps if warmed else 0):
-        step()
     steps = settings.epochs * settings.max_steps
     seconds = timed(step, steps, device)
     return {"images_s": steps * len(labels) / seconds, "window_s": seconds, "steps": steps}

@@ -120,6 +120,7 @@ class Claim:
     # (E2, E3: "GPU energy only" where the CPU packages' energy could not be read)
     fallback_metric: str = ""
     fallback_label: str = ""
+    metric_label: str = ""  # what a verdict on `metric` itself says (E2, E3: "GPU + CPU packages")
     parts: tuple[Claim, ...] = ()
     # the paper's value per group where it gives one: from the experiment's [[reference]] entries
     # (paper_values), in the claim's quantity (a loss in the metric's units for not_worse)

@@ -189,6 +189,8 @@ def perf_argv(events: Sequence[str], csv: Path, control: tuple[int, int] | None,
 
 
 CONTROL_ENV = "MULTICARD_PERF_CONTROL"  # "CTL_FD,ACK_FD": the rank's ends of perf's control pipes
+# where the rank says its window failed: the note that makes the rank's counts null with the reason
+NOTE_ENV = "MULTICARD_PERF_NOTE"
 
 
 def prepare(out: Path, rank: str, events: Sequence[str], control: bool,
@@ -208,7 +210,7 @@ def prepare(out: Path, rank: str, events: Sequence[str], control: bool,
     for fd in fds:
         os.set_inheritable(fd, True)
     argv = perf_argv(events, out / f"rank{rank}.csv", (ctl_read, ack_write), command)
-    return argv, fds, {CONTROL_ENV: f"{ctl_write},{ack_read}"}
+    return argv, fds, {CONTROL_ENV: f"{ctl_write},{ack_read}", NOTE_ENV: str(out / f"rank{rank}.json")}
 
 
 def main(argv: list[str]) -> None:
@@ -236,6 +238,7 @@ class Window:
     def __init__(self, environ: Mapping[str, str] = os.environ) -> None:
         found = environ.get(CONTROL_ENV)
         self.fds = tuple(int(fd) for fd in found.split(",")) if found else None
+        self.note = Path(environ[NOTE_ENV]) if environ.get(NOTE_ENV) else None
         self.error: str | None = None
 
     def __enter__(self) -> Window:
@@ -258,7 +261,11 @@ class Window:
         os.write(ctl, command)
         ready, _, _ = select.select([ack], [], [], self.ACK_TIMEOUT_S)
         if not ready:
-            self.error = f"perf did not acknowledge {command.decode().strip()!r}"
+            # counts over an unknown window are no counts: said, not kept as "the timed epochs"
+            said = command.decode().strip()
+            self.error = f"perf did not acknowledge {said!r} within {self.ACK_TIMEOUT_S:g} s"
+            if self.note is not None:
+                self.note.write_text(json.dumps({"reason": self.error}))
             return
         os.read(ack, 16)
 

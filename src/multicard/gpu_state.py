@@ -96,9 +96,10 @@ def read(nvml: Any, handle: Any) -> dict[str, Any]:
 
 def held_down_s(start: dict[str, Any], end: dict[str, Any]) -> dict[str, float | None]:
     """Seconds each constraint held the clocks down between two reads of one GPU (the
-    counters' difference); None for a counter either read lacks."""
+    counters' difference); None for a counter either read lacks, or that went back (a driver
+    reload in between, as across a resumed run, restarts it at 0)."""
     before, after = start.get("held_down_ns") or {}, end.get("held_down_ns") or {}
-    return {name: None if before.get(name) is None or after.get(name) is None
+    return {name: None if before.get(name) is None or after.get(name) is None or after[name] < before[name]
             else (after[name] - before[name]) / 1e9 for name in HELD_DOWN_BY.values()}
 
 

@@ -114,10 +114,14 @@ def parse_numactl_hardware(text: str) -> Topology:
     ids = sorted(set(cpus) | set(sizes))
     if ids and ids[-1] >= MAX_NODES:
         raise ValueError(f"NUMA node {ids[-1]} is beyond any machine's {MAX_NODES} nodes")
-    claimed = re.search(r"^\s*available:\s*(\d+)\s+nodes?", text, re.M)
+    claimed = re.search(r"^\s*available:\s*(\d+)\s+nodes?(?:\s*\(([\d,\-]+)\))?", text, re.M)
     if claimed and int(claimed.group(1)) != len(ids):
         raise ValueError(f"numactl says {claimed.group(1)} node(s) are available but lists "
                          f"{len(ids)}: an output that contradicts itself (cut short, or not numactl's)")
+    # the ids in parentheses ("(0-1)", or "(0,2)" with a node offline) are the ones listed below
+    if claimed and claimed.group(2) and parse_cpulist(claimed.group(2)) != ids:
+        raise ValueError(f"numactl says nodes ({claimed.group(2)}) are available but lists nodes "
+                         f"{ids}: an output that contradicts itself (cut short, or not numactl's)")
     nodes = [Node(i, cpus.get(i, []), sizes.get(i)) for i in ids]
     return Topology(nodes=nodes, distances=_distances(text))
 

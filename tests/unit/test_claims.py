@@ -712,3 +712,8 @@ def test_e2_reads_gpu_and_cpu_energy_and_says_gpu_energy_only_where_rapl_is_unre
     assert gpu_only.verdict == "supported" and gpu_only.read_as == "GPU energy only"
     assert "GPU energy only: node_energy_per_sample_j not measured (the CPU packages: permission denied" \
         in gpu_only.why
+    # the question says what its verdict read, one label, never both
+    from multicard.report.document import _question
+
+    assert _question(both) == "pin_memory=True uses less energy per image (GPU + CPU packages)"
+    assert _question(gpu_only) == "pin_memory=True uses less energy per image (GPU energy only)"

@@ -149,3 +149,18 @@ def test_the_window_counts_the_timed_part_only_with_a_real_perf(tmp_path: Path) 
     # pipes, not FIFOs: the trial directory holds no special file for `verify` to refuse
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.csv", "rank0.events.json", "rank0.how.json"]
     assert json.loads((tmp_path / "rank0.how.json").read_text()) == {"window": "the timed epochs"}
+
+
+def test_a_window_perf_never_acknowledged_nulls_the_ranks_counts_with_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, fds, env = counters.prepare(tmp_path, "0", ("a", "b"), True, ["true"])
+    (tmp_path / "rank0.csv").write_text("100,,a,1,100.00,,\n50,,b,1,100.00,,\n")  # what perf wrote
+    monkeypatch.setattr(counters.Window, "ACK_TIMEOUT_S", 0.01)
+    with counters.Window(env) as window:  # no perf at the other ends of the pipes: no "ack"
+        window.mark_start()
+    for fd in fds:
+        os.close(fd)
+    assert window.error == "perf did not acknowledge 'enable' within 0.01 s"
+    metrics, why = counters.trial_metrics(tmp_path, 1)
+    assert metrics["far_dram_count"] is None
+    assert why["far_dram_count"] == "rank 0: perf did not acknowledge 'enable' within 0.01 s"

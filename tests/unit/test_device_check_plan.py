@@ -156,3 +156,37 @@ def test_each_comparison_sets_like_against_like(tmp_path: Path) -> None:
     assert found["bare loop / timm"]["ratio"] == pytest.approx(2500.0 / 1250.0)
     assert found["bare loop / timm"]["n"] == [3, 1] and math.isnan(found["bare loop / timm"]["ci_lo"])
     assert found["shortest_window_s"] == 10.0 and found["windows_long_enough"] is True
+
+
+def test_clocks_held_down_are_summed_over_parts_and_unknown_where_one_part_lacks_them(tmp_path: Path) -> None:
+    from multicard import gpu_state
+
+    for part, power in (("harness", 1.5), ("precision", None)):
+        (tmp_path / part).mkdir()
+        (tmp_path / part / gpu_state.END_FILE).write_text(json.dumps(
+            {"gpus": [{"uuid": "GPU-a", "held_down_s": {"power": power, "thermal": 0.5}}]}))
+    found = device_check.clocks_held_down([tmp_path / "harness", tmp_path / "precision"])
+    assert found == {"power": None, "thermal": 1.0}  # a sum without one part's would read low
+    assert device_check.held_down_text(found) == "power n/a, thermal 1 s"
+    assert device_check.clocks_held_down([tmp_path / "none"]) is None
+
+
+H200_RUN = ROOT / "artifact" / "runs" / "1xnvidia-h200-device-check-20261204T114902Z"
+
+
+def test_the_summary_of_a_real_h200_check_says_no_evidence_where_the_interval_is_wide() -> None:
+    summary = json.loads((H200_RUN / "device_check.json").read_text())["summary"]
+    # that run predates the bare-loop-against-timm comparison, whose ratio its loops give
+    summary["bare loop / timm"] = {"ratio": 2655.2 / 2644.3, "ci_lo": math.nan, "ci_hi": math.nan,
+                                   "n": [3, 1]}
+    lines = device_check.summary_lines(summary)
+    assert lines[0] == ("multicard / plain loop: 0.914 [0.775, 1.08] (n 3/3) (1872 vs 2049 images/s; "
+                        "costs more than 10%: not shown (the interval reaches above))")
+    assert lines[2].endswith("both without DDP): 1 (n 3/1)")
+    energy = next(line for line in lines if line.startswith("GPU energy"))
+    assert "read by NVML integrated power): fp64 123.6 mJ;" in energy and "two ways" not in energy
+    summary["energy_read_by"] = ["NVML counter", "NVML integrated power"]
+    energy = next(line for line in device_check.summary_lines(summary) if line.startswith("GPU energy"))
+    assert energy.endswith("; read two ways, so not comparable with each other")
+    assert device_check.summary_lines({**summary, "harness_costs_too_much": True})[0].endswith(
+        "costs more than 10%: True (the interval lies wholly below))")

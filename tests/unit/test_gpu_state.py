@@ -68,6 +68,10 @@ def test_a_throttle_during_the_trials_shows_though_the_gpu_is_idle_at_the_end() 
     at_end = gpu_state.with_held_down([{"uuid": "GPU-a", "state": end}, {"uuid": "GPU-new", "state": end}],
                                       [{"uuid": "GPU-a", "state": start}])
     assert at_end[0]["held_down_s"]["power"] == 2.5 and "held_down_s" not in at_end[1]
+    # a counter that went back (a driver reload in between restarts it) is no reading, not a
+    # negative time
+    reloaded = gpu_state.read(nvml(power_held_ns=1_000_000_000), "h")
+    assert gpu_state.held_down_s(start, reloaded)["power"] is None
 
 
 def test_the_report_shows_each_gpus_state_at_the_start_and_the_end(tmp_path: object) -> None:

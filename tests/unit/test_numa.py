@@ -221,6 +221,14 @@ def test_a_numactl_output_that_contradicts_itself_is_bad_input(tmp_path: Path) -
                           capture_output=True, text=True)
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "contradicts itself" in done.stderr
+    # the right count, the wrong ids; an offline node's gap ("(0,2)") is no contradiction
+    two = ("available: 2 nodes ({ids})\nnode 0 cpus: 0 1\nnode 0 size: 100 MB\n"
+           "node 5 cpus: 2 3\nnode 5 size: 100 MB\n")
+    claimed.write_text(two.format(ids="0-1"))
+    with pytest.raises(InputError, match=r"nodes \(0-1\) are available but lists nodes \[0, 5\]"):
+        numa.from_files([claimed])
+    claimed.write_text(two.format(ids="0,5"))
+    assert [n.node for n in numa.from_files([claimed]).nodes] == [0, 5]
 
 
 @pytest.mark.parametrize(("policy", "local_rank", "own", "sharing"), [

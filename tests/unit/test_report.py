@@ -382,3 +382,12 @@ def test_what_tracing_cost_is_the_traced_trials_time_over_the_untraced_ones() ->
     cost = summarize.tracing_cost(s, [record("none", 10.0), record("none", 12.0), record("nsys", 13.2)])
     assert cost == {"a": pytest.approx(1.2)}
     assert summarize.tracing_cost(s, [record("nsys", 13.2)]) == {}  # no untraced trial to compare
+
+
+def test_the_numa_section_says_which_page_cache_its_policies_read() -> None:
+    from multicard.report.document import _page_cache_note
+
+    paper = spec.load(EXPERIMENTS / "numa_binding.toml")
+    assert _page_cache_note(paper).startswith("Every trial read a cold page cache")
+    controls = spec.load(EXPERIMENTS / "numa_binding.toml", "controls")
+    assert "read the policies' placement on the cold arm" in _page_cache_note(controls)

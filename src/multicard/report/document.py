@@ -401,7 +401,9 @@ def _page_cache_note(spec: Spec) -> str:
         return ("Every trial read a cold page cache: its files' pages land where its own ranks "
                 "read them, not where the runner or another policy's trial did.")
     if "page_cache" in spec.grid:
-        return "The page cache is a factor of this run: warm against cold."
+        return ("The page cache is a factor of this run, warm against cold: the runner warms it "
+                "unbound, so a warm arm's pages sit on the runner's node whatever the policy: read "
+                "the policies' placement on the cold arm.")
     return (f"The page cache was {state!r}: its pages sit where whoever read them first ran, so "
             "a policy may be judged on another's placement.")
 
@@ -523,7 +525,7 @@ def _verdicts(runs: list[RunData], claim_list: list[claims.Claim]) -> tuple[pd.D
                                              POWER_DRAWS)
                for v in verdicts]
     table = pd.DataFrame([{
-        "claim": v.claim.id, "the paper says": v.claim.text + (f" ({v.read_as})" if v.read_as else ""),
+        "claim": v.claim.id, "the paper says": _question(v),
         "paper": v.claim.paper,
         "verdict": v.verdict, "Holm-adjusted": holm, "reproduced if": criterion_text(v.claim),
         "ours [95% CI]": evidence_text(v.evidence), "why": v.why,
@@ -712,3 +714,10 @@ def _verify_section(out: Path) -> str:
         f"`{out.name}.tar.gz` beside it, which `multicard verify {out.name}.tar.gz` checks "
         "without extracting.\n"
     )
+
+
+def _question(v: claims.Verdict) -> str:
+    """The claim's text and what its verdict read: the fallback's label where any run was judged
+    on it, else the metric's own."""
+    label = v.read_as or v.claim.metric_label
+    return v.claim.text + (f" ({label})" if label else "")
