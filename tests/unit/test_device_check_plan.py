@@ -171,11 +171,11 @@ def test_clocks_held_down_are_summed_over_parts_and_unknown_where_one_part_lacks
     assert device_check.clocks_held_down([tmp_path / "none"]) is None
 
 
-H200_RUN = ROOT / "artifact" / "runs" / "1xnvidia-h200-device-check-20261204T114902Z"
+H200_CHECK = ROOT / "tests" / "fixtures" / "device_check" / "h200_device_check.json"
 
 
 def test_the_summary_of_a_real_h200_check_says_no_evidence_where_the_interval_is_wide() -> None:
-    summary = json.loads((H200_RUN / "device_check.json").read_text())["summary"]
+    summary = json.loads(H200_CHECK.read_text())["summary"]
     # that run predates the bare-loop-against-timm comparison, whose ratio its loops give
     summary["bare loop / timm"] = {"ratio": 2655.2 / 2644.3, "ci_lo": math.nan, "ci_hi": math.nan,
                                    "n": [3, 1]}
