@@ -405,7 +405,11 @@ def comparison(out: Path, device: str) -> dict[str, Any]:
         found[name] = _ratio(measured.get(top, []), measured.get(over, []))
     shortest = min([*windows, *loops.get("windows_s", [])], default=None)
     found["shortest_window_s"] = shortest
-    found["windows_long_enough"] = None if shortest is None else shortest >= WINDOW_S[device]
+    # judged on GPUs only: on CPU the cores' other load moves the loops' speed between the probe
+    # and the windows (a CI machine ran 1.85 s windows planned at 3 s), and the CPU check checks
+    # the path, not the clocks' settling or NVML's counter
+    found["windows_long_enough"] = None if shortest is None or device != "cuda" \
+        else shortest >= WINDOW_S[device]
     return found
 
 
@@ -566,7 +570,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"bare loop / timm (torchvision's model against timm's, both without DDP): "
         f"{ratio_text(summary['bare loop / timm'])}",
         f"shortest timed window: {_num(summary['shortest_window_s'])} s (long enough: "
-        f"{summary['windows_long_enough']})",
+        f"{_window_verdict(summary['windows_long_enough'], summary['shortest_window_s'])})",
         f"step clock vs wall clock: largest deviation {_pct(summary['step_clock_vs_wall_max'])} "
         f"(tolerance {STEP_CLOCK_TOLERANCE:.0%}); TF32 as set: {summary['tf32_flags_as_set']}",
         f"nsys traced / untraced training time (fp32): {_num(summary['nsys_traced_over_untraced'])}",
@@ -612,6 +616,12 @@ def clocks_held_down(run_dirs: list[Path]) -> dict[str, float | None] | None:
 def held_down_text(seconds: dict[str, float | None] | None) -> str:
     return "not read (no GPU, or NVML without the counters)" if seconds is None else \
         ", ".join(f"{name} {'n/a' if value is None else f'{value:.3g} s'}" for name, value in seconds.items())
+
+
+def _window_verdict(value: bool | None, shortest: float | None) -> str:
+    if shortest is None:
+        return "n/a"
+    return "not judged on CPU" if value is None else str(value)
 
 
 def _cost_verdict(value: bool | None) -> str:

@@ -52,7 +52,8 @@ def test_a_check_the_budget_cuts_short_is_continued_by_a_second_call(
     compared = summary["multicard / plain loop"]
     assert compared["n"] == [3, 3] and compared["ci_lo"] < compared["ratio"] < compared["ci_hi"]
     assert summary["plain loop / bare loop"]["n"] == [3, 3]
-    assert summary["windows_long_enough"] is True and summary["shortest_window_s"] >= 2.0
+    # reported, not judged on CPU (the cores' other load moves the loops' speed)
+    assert summary["windows_long_enough"] is None and summary["shortest_window_s"] > 0
     steps = json.loads(loops[0].read_text())["steps"]
     assert all(json.loads(p.read_text())["steps"] == steps for p in loops)
     assert {r["config"]["precision"] for r in store.read(harness)} == {"bf16"}

@@ -156,6 +156,7 @@ def test_each_comparison_sets_like_against_like(tmp_path: Path) -> None:
     assert found["bare loop / timm"]["ratio"] == pytest.approx(2500.0 / 1250.0)
     assert found["bare loop / timm"]["n"] == [3, 1] and math.isnan(found["bare loop / timm"]["ci_lo"])
     assert found["shortest_window_s"] == 10.0 and found["windows_long_enough"] is True
+    assert device_check.comparison(tmp_path, "cpu")["windows_long_enough"] is None  # reported only
 
 
 def test_clocks_held_down_are_summed_over_parts_and_unknown_where_one_part_lacks_them(tmp_path: Path) -> None:
