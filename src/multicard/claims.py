@@ -58,6 +58,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from multicard import spec as specmod
@@ -528,13 +529,23 @@ def decided_by(claim: Claim, specs: list[Spec]) -> list[int]:
     return [int(any(can_decide(part, s) for s in specs)) for part in parts]
 
 
-def _selected(frame: pd.DataFrame, selector: Mapping[str, Any]) -> pd.Series:
-    keep = pd.Series(True, index=frame.index)
+def _selected(frame: pd.DataFrame, selector: Mapping[str, Any]) -> np.ndarray:
+    """The rows of `frame` that `selector` picks, as a boolean mask (a plain array: the judge
+    selects thousands of times per power simulation, and a Series per step costs more than the
+    selection itself)."""
+    keep = np.ones(len(frame), dtype=bool)
     for key, wanted in selector.items():
         if key not in frame:
-            return pd.Series(False, index=frame.index)
-        keep &= frame[key].isin(_levels(wanted))
+            return np.zeros(len(frame), dtype=bool)
+        levels = _levels(wanted)
+        keep &= [value in levels for value in frame[key].tolist()]
     return keep
+
+
+def _values(frame: pd.DataFrame, selector: Mapping[str, Any], metric: str) -> list[float]:
+    """The non-missing values of `metric` in the rows `selector` picks."""
+    picked = frame[metric].to_numpy()[_selected(frame, selector)].tolist()
+    return [value for value in picked if not pd.isna(value)]
 
 
 def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
@@ -564,8 +575,7 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
         minimum = TRACED_MIN_OK if traced else run.spec.min_ok
         for keys, group in grouped:
             keys = keys if isinstance(keys, tuple) else (keys,)
-            a = group.loc[_selected(group, claim.against), metric].dropna().tolist()
-            b = group.loc[_selected(group, claim.compare), metric].dropna().tolist()
+            a, b = _values(group, claim.against, metric), _values(group, claim.compare, metric)
             label = ", ".join(f"{k}={v}" for k, v in zip(others, keys, strict=True)) or "all"
             where = dict(zip(others, keys, strict=True))
             lost = _attempt_notes(claim, run, where, traced)
@@ -654,6 +664,8 @@ def _readings(metric: str, claim: Claim, run: Results, group: Mapping[str, Any])
     there are several (NVML's counter and power integrated over a short window, say); []
     otherwise."""
     keys = ENERGY_READINGS.get(metric, ())
+    if not keys:
+        return []
     found = set()
     for arm in (claim.against, claim.compare):
         for r in _arm_attempts(claim, run, group, arm, False):
