@@ -24,7 +24,11 @@ HERE = Path(__file__).resolve().parent
 LOCK = HERE / "container.txt"
 BASE = HERE / "ngc-24.11.txt"
 # package -> why the lock installs its own version over the base's; ideally empty
-REPLACED: dict[str, str] = {}
+REPLACED: dict[str, str] = {
+    "dill": "torchtune 0.6.1 imports datasets.distributed, which datasets 2.2.1 (the newest that "
+            "accepts the base's dill 0.3.9) lacks; datasets 3.0-4.0 (the newest that import with the "
+            "base's pyarrow 17, which RAPIDS pins) cap dill below 0.3.9, and nothing in the base pins dill",
+}
 HEADER = """\
 # The Python packages the multicard image adds to nvcr.io/nvidia/pytorch:24.11-py3 (Python 3.12,
 # x86_64 and arm64), every one pinned with its hashes; installed with
