@@ -194,10 +194,10 @@ def device_check(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def container(session: nox.Session) -> None:
-    """Host side, podman as root: build a stand-in base and the Dockerfile on it, run smoke and the
-    CPU tests inside (no network, read-only root, uid 1001), verify on the host, build apptainer.def
-    and run its %test (containers/podman_build.py). Inside, the fast tier of the tests; extra args
-    go to pytest there instead."""
+    """Host side, podman as root: build an NGC-24.11-like stand-in base and the Dockerfile on it,
+    run smoke and the CPU tests inside as a host user (uid 1000, no network, read-only root),
+    verify on the host, build apptainer.def and run its %test (containers/podman_build.py).
+    Inside, the fast tier of the tests; extra args go to pytest there instead."""
     if IN_CONTAINER:
         session.error("nox -s container builds images: run it on the host, not inside one")
     python = dev_python(session)

@@ -10,7 +10,8 @@ path) before %post; %post runs as one `/bin/sh -ex` script in `/`, with the base
 and not %environment; %environment becomes /.singularity.d/env/90-environment.sh, and %runscript
 and %test become the executable scripts /.singularity.d/runscript and /.singularity.d/test, run
 after sourcing every /.singularity.d/env/*.sh. Differences that remain: the %test here runs as
-uid 1001 with a read-only root and no network (as `apptainer test` by a user on a SIF), where
+uid 1000 (a host user) with a read-only root and no network (as `apptainer test` by a user on a
+SIF), where
 Apptainer's build-time test runs as the builder with the host's environment and default binds;
 and what an OCI build cannot show at all, the SIF's squashfs root and `--nv` (docs/containers.md, "Build and
 run the image").

@@ -4,16 +4,20 @@ pull NGC.
 1. The stand-in base (once; kept in podman's store): Ubuntu noble made by mmdebstrap, imported with
    `podman import`, then containers/standin/Containerfile (Python 3.12, PyPI torch, DALI).
 2. The real Dockerfile on it (`--build-arg BASE_IMAGE=...`).
-3. Inside that image, as uid 1001, with no network, a read-only root and a fresh host folder
-   (artifact/container/<UTC>/) bound at /opt/multicard/artifact: `nox -s smoke`, then the CPU test
-   suite (tests/ bound read-only into an image that adds pytest). Back on the host: every
-   experiment's smoke run is there and `multicard verify` passes on what the container wrote.
+   with containers/build.sh, the documented build line (provenance: the base's digest, the
+   commit, the date).
+3. Inside that image, as a host user who is not root (uid 1000, owning a fresh host folder
+   artifact/container/<UTC>/ bound at /opt/multicard/artifact, as the README's
+   `--user "$(id -u):$(id -g)"` runs it), with no network and a read-only root: first a check that
+   a uid that cannot write artifact/ is stopped with the one-line fix, then `nox -s smoke`, then
+   the CPU test suite (tests/ bound read-only into an image that adds pytest). Back on the host:
+   every experiment's smoke run is there, owned by that user, and `multicard verify` passes.
 4. apptainer.def built as Apptainer would build it (containers/apptainer_def.py) on the same base,
    and its %test run.
 
 Every step is timed; the image sizes and times are printed at the end and kept in
-<host folder>/container-build.json. Runs as root with podman (rootless podman maps uid 1001 to a
-subordinate uid the host folder would need to be shared with).
+<host folder>/container-build.json. Runs as root with podman, as rootful Docker does (rootless
+podman maps the container's uids to subordinate ones the host folder would need to be shared with).
 """
 
 from __future__ import annotations
@@ -54,6 +58,9 @@ ROOTFS_PACKAGES = ("apt", "ubuntu-keyring", "ca-certificates", "python3", "pytho
 RUNTIME = os.environ.get("MULTICARD_PODMAN_RUNTIME", "runc")
 RUN_FLAGS = ("--runtime", RUNTIME, "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768")
 STANDIN_RECIPE_LABEL = "io.multicard.standin.recipe"
+# the reviewer: a host user who is not root and owns the clone's artifact/ (`--user "$(id -u):$(id -g)"`)
+HOST_USER = (1000, 1000)
+NOT_WRITABLE_EXIT = 2  # containers/entrypoint.sh, where artifact/ is not writable
 # host-side only: tests that read the container files from outside the image (hadolint,
 # spython), and the Slurm templates' tests (a batch script runs on the host; the image has no
 # slurm/)
@@ -106,7 +113,7 @@ def image_sizes(tags: Sequence[str]) -> dict[str, int]:
 def standin_recipe() -> str:
     """A digest of what makes the stand-in base: an image built from other files is remade."""
     digest = hashlib.sha256(" ".join(ROOTFS_PACKAGES).encode())
-    for name in ("Containerfile", "requirements.txt", "versions.toml"):
+    for name in ("Containerfile", "requirements.txt", "packaging-tools.txt", "versions.toml"):
         digest.update((STANDIN / name).read_bytes())
     return digest.hexdigest()[:16]
 
@@ -130,8 +137,12 @@ def pip_mounts(scratch: Path) -> list[str]:
     return [*mounts, "-v", f"{conf}:/etc/pip.conf:ro"]
 
 
+def build_options(scratch: Path) -> list[str]:
+    return ["--runtime", RUNTIME, *pip_mounts(scratch)]
+
+
 def podman_build(scratch: Path, *args: str) -> list[str]:
-    return ["podman", "build", "--runtime", RUNTIME, *pip_mounts(scratch), *args]
+    return ["podman", "build", *build_options(scratch), *args]
 
 
 def build_tag(log: Log, name: str, tag: str, command: list[str]) -> None:
@@ -191,18 +202,18 @@ def build_standin(log: Log, scratch: Path) -> None:
                            "-f", str(STANDIN / "Containerfile"), str(STANDIN)))
 
 
-def git_sha() -> str:
-    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=False)
-    return done.stdout.strip() if done.returncode == 0 else "unknown"
-
-
 def build_image(log: Log, scratch: Path) -> None:
-    build_tag(log, "multicard image (Dockerfile on the stand-in)", IMAGE_TAG,
-              podman_build(scratch, "--build-arg", f"BASE_IMAGE={STANDIN_TAG}", "--build-arg", "BASE_DIGEST=",
-                           "--build-arg", f"EXPECTED_VERSIONS={STANDIN_VERSIONS}",
-                           "--build-arg", f"MULTICARD_GIT_SHA={git_sha()}", "-t", IMAGE_TAG, "-f",
-                           str(ROOT / "Dockerfile"), str(ROOT)))
+    """The Dockerfile on the stand-in, by the documented build line (containers/build.sh)."""
+    env = {"MULTICARD_BASE": STANDIN_TAG, "EXPECTED_VERSIONS": STANDIN_VERSIONS}
+    build_tag(log, "multicard image (containers/build.sh: the Dockerfile on the stand-in)", IMAGE_TAG,
+              ["env", *(f"{k}={v}" for k, v in env.items()), str(ROOT / "containers" / "build.sh"),
+               "podman", IMAGE_TAG, *build_options(scratch)])
+
+
+def provenance(tag: str) -> dict[str, str | None]:
+    """The OCI labels a build put on `tag` that say where it came from."""
+    keys = ("created", "source", "revision", "base.name", "base.digest")
+    return {key: inspect(tag, f'{{{{index .Labels "org.opencontainers.image.{key}"}}}}') for key in keys}
 
 
 def build_tests_image(log: Log, scratch: Path) -> None:
@@ -215,12 +226,30 @@ def build_tests_image(log: Log, scratch: Path) -> None:
                            "-f", str(ROOT / "containers" / "tests.Containerfile"), str(context)))
 
 
-def run_flags(artifact: Path) -> list[str]:
-    """`podman run` as a reviewer's locked-down run: no network, read-only root, uid 1001, the
-    host folder `artifact` (chowned to that uid by :U) as /opt/multicard/artifact."""
+def run_flags(artifact: Path, user: tuple[int, int] = HOST_USER) -> list[str]:
+    """`podman run` as the README writes it for a reviewer (`--user "$(id -u):$(id -g)"`, the
+    clone's artifact/ bound), locked down: no network, a read-only root. No HOME is given: the
+    entry point must make one for a uid the image does not know."""
     return ["podman", "run", "--rm", *RUN_FLAGS, "--network", "none", "--read-only",
-            "--tmpfs", "/tmp:rw,mode=1777,size=8g", "--shm-size", "2g", "--user", "1001:1001",
-            "-e", "HOME=/tmp", "-v", f"{artifact}:/opt/multicard/artifact:U"]
+            "--tmpfs", "/tmp:rw,mode=1777,size=8g", "--shm-size", "2g", "--ipc=host",
+            "--user", f"{user[0]}:{user[1]}", "-v", f"{artifact}:/opt/multicard/artifact"]
+
+
+def owned_by_host_user(artifact: Path) -> None:
+    """The run folder as a fresh clone's artifact/ is: the reviewer's, not root's."""
+    os.chown(artifact, *HOST_USER)
+
+
+def refused_when_not_writable(log: Log, artifact: Path) -> None:
+    """The image's default uid (1001) on the reviewer's folder: stopped at once, with the fix."""
+    command = [*run_flags(artifact, (1001, 1001)), IMAGE_TAG, "nox", "-l"]
+    log.echo("container: a uid that cannot write artifact/ is stopped with the fix")
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    said = done.stderr.strip().splitlines()
+    if done.returncode != NOT_WRITABLE_EXIT or not said or "--user" not in said[-1]:
+        raise BuildError(f"a uid that cannot write artifact/: exit {done.returncode}, said {said[-3:]}")
+    log.steps.append({"step": "uid 1001 on the reviewer's artifact/: refused", "seconds": 0.0,
+                      "exit": done.returncode, "said": said[-1]})
 
 
 def smoke_experiments(root: Path = ROOT) -> list[str]:
@@ -246,6 +275,8 @@ def smoke_in_image(log: Log, artifact: Path) -> Path:
     runs = sorted((artifact / "runs").glob("smoke-*"))
     if not runs:
         raise BuildError(f"the smoke run wrote no run directory under {artifact}/runs")
+    if (runs[-1].stat().st_uid, runs[-1].stat().st_gid) != HOST_USER:
+        raise BuildError(f"the smoke run {runs[-1]} is not owned by the host user {HOST_USER}")
     if gaps := smoke_gaps(runs[-1], smoke_experiments()):
         raise BuildError(f"the smoke run {runs[-1]} is incomplete: {'; '.join(gaps)}")
     return runs[-1]
@@ -279,10 +310,11 @@ class Summary:
     seconds: float
     steps: list[dict[str, object]]
     image_bytes: dict[str, int]
+    labels: dict[str, str | None]
 
     def to_json(self) -> str:
         return json.dumps({"total_seconds": round(self.seconds, 1), "steps": self.steps,
-                           "image_bytes": self.image_bytes}, indent=1) + "\n"
+                           "image_bytes": self.image_bytes, "labels": self.labels}, indent=1) + "\n"
 
 
 def build_and_run(log: Log, artifact: Path, pytest_args: Sequence[str]) -> Path:
@@ -291,6 +323,8 @@ def build_and_run(log: Log, artifact: Path, pytest_args: Sequence[str]) -> Path:
         scratch = Path(name)
         build_standin(log, scratch)
         build_image(log, scratch)
+        owned_by_host_user(artifact)
+        refused_when_not_writable(log, artifact)
         run = smoke_in_image(log, artifact)
         verify_on_host(log, run)
         build_tests_image(log, scratch)
@@ -316,12 +350,14 @@ def main(argv: Sequence[str], echo: Callable[[str], None] = print) -> int:
         return 1
     finally:
         record = Summary(time.monotonic() - started, log.steps,
-                         image_sizes((STANDIN_TAG, IMAGE_TAG, TESTS_TAG, APPTAINER_TAG)))
+                         image_sizes((STANDIN_TAG, IMAGE_TAG, TESTS_TAG, APPTAINER_TAG)),
+                         provenance(IMAGE_TAG))
         (artifact / "container-build.json").write_text(record.to_json())
     for step in log.steps:
         echo(f"container: {step['seconds']:>7.1f} s  {step['step']}")
     for tag, size in record.image_bytes.items():
         echo(f"container: {size / 2**30:6.2f} GiB  {tag}")
+    echo("container: labels of " + IMAGE_TAG + ": " + ", ".join(f"{k} {v}" for k, v in record.labels.items()))
     echo(f"container: done in {record.seconds:.0f} s; smoke run {run}")
     return 0
 

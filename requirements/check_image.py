@@ -1,18 +1,23 @@
 """Build-time check of a multicard image (the Dockerfiles and apptainer.def run it).
 
-    python requirements/check_image.py [EXPECTED_VERSIONS]
+    python requirements/check_image.py [EXPECTED_VERSIONS [BASE_PIP_CHECK]]
 
 EXPECTED_VERSIONS (default requirements/image.toml, NGC 24.11's) names the image's Python and DALI
 and, where the base's build must be a given one, torch and torchvision (containers/standin/
 versions.toml is the stand-in base's, requirements/paper-exact.toml the paper-exact image's). It
 also names the lock the image installed (`lock`, default container.txt): torchtune and torchao must
 be exactly its pins (unless `llm = false`), and the lock must not pin torch unless
-`torch_in_lock = true` (NGC's own torch build stays). Exits non-zero, naming what differs, so a
-drifting base or lock fails the build.
+`torch_in_lock = true` (NGC's own torch build stays). BASE_PIP_CHECK is what `pip check` said of
+the base before the lock was installed: any line `pip check` says now that it did not is a
+problem the image added (RAPIDS's pins on pandas and pyarrow, say), and fails the build; the
+base's own lines are printed. It also prints which NVML bindings multicard calls and whether
+torchao's C++ ops load. Exits non-zero, naming what differs, so a drifting base or lock fails the
+build.
 """
 
 import importlib.metadata
 import re
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -75,6 +80,29 @@ def failed_imports(modules: tuple[str, ...]) -> list[str]:
     return issues
 
 
+def pip_check_lines(text: str) -> list[str]:
+    """The problems in `pip check`'s output (none where it says there are none)."""
+    return [line.strip() for line in text.splitlines()
+            if line.strip() and not line.startswith("No broken requirements")]
+
+
+def added_pip_problems(base: str, now: str) -> list[str]:
+    """What `pip check` says now that it did not say of the base."""
+    before = set(pip_check_lines(base))
+    return [f"pip check: {line} (the base did not have this)" for line in pip_check_lines(now)
+            if line not in before]
+
+
+def nvml_problems() -> list[str]:
+    """multicard's NVML bindings must be nvidia-ml-py's, with the instantaneous power field."""
+    from multicard import nvml
+
+    module = nvml.bindings()
+    if not hasattr(module, "NVML_FI_DEV_POWER_INSTANT"):
+        return [f"NVML bindings without NVML_FI_DEV_POWER_INSTANT: {nvml.describe()}"]
+    return []
+
+
 def installed(package: str) -> str:
     try:
         return importlib.metadata.version(package)
@@ -95,10 +123,20 @@ def main(argv: list[str]) -> int:
              "dali": nvidia.dali.__version__, "torch": torch.__version__,
              "torchvision": torchvision.__version__, "python": sys.version.split()[0]}
     modules = IMPORTS + (LLM_IMPORTS if expected.get("llm", True) else ())
-    issues = problems(expected, pins, found) + unmet(pins) + failed_imports(modules)
+    issues = problems(expected, pins, found) + unmet(pins) + failed_imports(modules) + nvml_problems()
+    if len(argv) > 1:
+        base = Path(argv[1]).read_text()
+        now = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True,
+                             check=False).stdout
+        issues += added_pip_problems(base, now)
+        for line in pip_check_lines(base):
+            print(f"check_image: the base's own pip check: {line}")
     for problem in issues:
         print(f"check_image: {problem}", file=sys.stderr)
+    from multicard import artifact, nvml
+
     print(f"check_image ({expected_file.name}): " + ", ".join(f"{k} {v}" for k, v in found.items()))
+    print(f"check_image: NVML bindings: {nvml.describe()}; torchao's C++ ops: {artifact.torchao_ops()}")
     return 1 if issues else 0
 
 

@@ -54,21 +54,30 @@ REGISTRY = "https://pypi.org/simple"
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 
 
-def manylinux(glibc_minor: int) -> list[str]:
-    """The x86_64 platform tags a glibc 2.<minor> system accepts, newest first."""
-    legacy = {17: "manylinux2014_x86_64", 12: "manylinux2010_x86_64", 5: "manylinux1_x86_64"}
+def manylinux(glibc_minor: int, arch: str = "x86_64") -> list[str]:
+    """The platform tags a glibc 2.<minor> system on `arch` accepts, newest first."""
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"} if arch == "x86_64" \
+        else {17: "manylinux2014"}  # the older aliases were never defined for aarch64
     tags = []
     for minor in range(glibc_minor, 4, -1):  # each legacy alias where packaging ranks it
-        tags += [f"manylinux_2_{minor}_x86_64", *([legacy[minor]] if minor in legacy else [])]
-    return [*tags, "linux_x86_64"]
+        tags += [f"manylinux_2_{minor}_{arch}", *([f"{legacy[minor]}_{arch}"] if minor in legacy else [])]
+    return [*tags, f"linux_{arch}"]
 
 
-# lock (relative to the repository) -> (Python version, glibc minor) of the image that installs it
-LOCKS: dict[str, tuple[str, int]] = {
-    "requirements/container.txt": ("3.12", 39),  # NGC 24.11: Ubuntu 24.04, glibc 2.39
-    "containers/tests-requirements.txt": ("3.12", 39),
-    "requirements/paper-exact.txt": ("3.11", 35),  # Ubuntu 22.04, glibc 2.35
-    "requirements/uv.txt": ("3.10", 35),
+class Target(NamedTuple):
+    """The image that installs a lock: its Python, its glibc's minor version, its machines."""
+    python: str
+    glibc_minor: int
+    arches: tuple[str, ...] = ("x86_64",)
+
+
+# lock (relative to the repository) -> the image that installs it
+LOCKS: dict[str, Target] = {
+    # NGC 24.11: Ubuntu 24.04, glibc 2.39; its arm64 image (GH200, GB200 nodes) takes the same lock
+    "requirements/container.txt": Target("3.12", 39, ("x86_64", "aarch64")),
+    "containers/tests-requirements.txt": Target("3.12", 39, ("x86_64", "aarch64")),
+    "requirements/paper-exact.txt": Target("3.11", 35),  # Ubuntu 22.04, glibc 2.35
+    "requirements/uv.txt": Target("3.10", 35),
 }
 NOT_PINNED = ("containers/paper-exact/Dockerfile: nvidia-dali-cuda120==1.43.0 from NVIDIA's index "
               "(pypi.nvidia.com), pinned by version only: its wheel is on no index reachable here")
@@ -102,10 +111,10 @@ def read_pins(text: str) -> list[Pin]:
     return pins
 
 
-def target_tags(python: str, glibc_minor: int) -> list[Tag]:
-    """The tags a CPython `python` on x86_64 glibc 2.<minor> accepts, most preferred first."""
+def target_tags(python: str, glibc_minor: int, arch: str = "x86_64") -> list[Tag]:
+    """The tags a CPython `python` on `arch` glibc 2.<minor> accepts, most preferred first."""
     version = tuple(int(part) for part in python.split("."))
-    platforms = manylinux(glibc_minor)
+    platforms = manylinux(glibc_minor, arch)
     return [*cpython_tags(version, platforms=platforms),
             *compatible_tags(version, f"cp{version[0]}{version[1]}", platforms=platforms)]
 
@@ -191,10 +200,10 @@ def project_files(registry: str, name: str) -> tuple[list[dict[str, Any]], int]:
     return [], 0
 
 
-def check_metadata(lock: str, python: str, glibc_minor: int, registry: str) -> tuple[bool, str]:
-    """Every pin of `lock` against its release's metadata; (ok, one line saying what happened)."""
+def check_metadata(lock: str, target: Target, registry: str) -> tuple[bool, str]:
+    """Every pin of `lock` against its release's metadata, on each machine of `target`; (ok, one
+    line saying what happened)."""
     pins = read_pins((ROOT / lock).read_text())
-    tags = target_tags(python, glibc_minor)
     started = time.monotonic()
     try:
         with ThreadPoolExecutor(max_workers=8) as pool:
@@ -204,21 +213,29 @@ def check_metadata(lock: str, python: str, glibc_minor: int, registry: str) -> t
     except OSError as exc:
         return False, f"{lock}: FAILED (the registry {registry} did not answer: {exc})"
     seconds = time.monotonic() - started
-    problems = [problem for pin, (files, _) in zip(pins, pages, strict=True)
-                if (problem := judge(pin, files, python, tags))]
+    problems = [f"{arch}: {problem}" for arch in target.arches
+                for pin, (files, _) in zip(pins, pages, strict=True)
+                if (problem := judge(pin, files, target.python,
+                                     target_tags(target.python, target.glibc_minor, arch)))]
     size = sum(size for _, size in pages) / 2**20
     if problems:
         return False, f"{lock}: FAILED ({'; '.join(problems[:3])}{' ...' if len(problems) > 3 else ''})"
-    return True, (f"{lock}: {len(pins)} pins, the file of each for Python {python} on glibc "
-                  f"2.{glibc_minor} has its hash in the lock, by the registry's metadata "
-                  f"({size:.1f} MiB of index pages, {seconds:.0f} s)")
+    return True, (f"{lock}: {len(pins)} pins, the file of each for Python {target.python} on glibc "
+                  f"2.{target.glibc_minor} ({', '.join(target.arches)}) has its hash in the lock, by "
+                  f"the registry's metadata ({size:.1f} MiB of index pages, {seconds:.0f} s)")
 
 
-def check_download(lock: str, python: str, glibc_minor: int, index: str | None) -> tuple[bool, str]:
-    """Download every file of `lock` for its platform; (ok, one line saying what happened)."""
-    dest = CACHE / Path(lock).stem
+def check_download(lock: str, target: Target, index: str | None) -> tuple[bool, str]:
+    """Download every file of `lock` for each machine of `target`; (ok, one line saying what
+    happened)."""
+    lines = [_download(lock, target.python, target.glibc_minor, arch, index) for arch in target.arches]
+    return all(ok for ok, _ in lines), "; ".join(line for _, line in lines)
+
+
+def _download(lock: str, python: str, glibc_minor: int, arch: str, index: str | None) -> tuple[bool, str]:
+    dest = CACHE / Path(lock).stem / arch
     dest.mkdir(parents=True, exist_ok=True)
-    platforms = [arg for tag in manylinux(glibc_minor) for arg in ("--platform", tag)]
+    platforms = [arg for tag in manylinux(glibc_minor, arch) for arg in ("--platform", tag)]
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                            "--require-hashes", "--only-binary", ":all:", "--python-version", python,
@@ -231,7 +248,8 @@ def check_download(lock: str, python: str, glibc_minor: int, index: str | None) 
         return False, f"{lock}: FAILED ({'; '.join(errors[:3]) or done.stderr.strip()[-300:]})"
     size = sum(f.stat().st_size for f in dest.iterdir()) / 2**20
     return True, (f"{lock}: {len(read_pins((ROOT / lock).read_text()))} pins, every file's hash "
-                  f"matches (Python {python}, glibc 2.{glibc_minor}, {size:.0f} MiB, {seconds:.0f} s)")
+                  f"matches (Python {python}, glibc 2.{glibc_minor}, {arch}, {size:.0f} MiB, "
+                  f"{seconds:.0f} s)")
 
 
 def main(argv: list[str]) -> int:
@@ -247,8 +265,8 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"check_locks: unknown lock {', '.join(unknown)} (known: {', '.join(LOCKS)})", file=sys.stderr)
         return 2
-    results = [check_download(lock, *LOCKS[lock], args.registry) if args.download
-               else check_metadata(lock, *LOCKS[lock], (args.registry or REGISTRY).rstrip("/"))
+    results = [check_download(lock, LOCKS[lock], args.registry) if args.download
+               else check_metadata(lock, LOCKS[lock], (args.registry or REGISTRY).rstrip("/"))
                for lock in chosen]
     for _, line in results:
         print(f"check_locks: {line}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import re
@@ -23,16 +24,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from multicard import gpu_state, numa
+from multicard import gpu_state, numa, nvml
 from multicard.store import LOCK_SUFFIX
 
 SUMS_FILE = "SHA256SUMS"
 PACKAGES = ("multicard", "torch", "torchvision", "numpy", "nvidia-dali-cuda120",
-            "nvidia-dali-cuda130", "torchtune", "torchao", "nvidia-ml-py", "pandas", "scipy")
+            "nvidia-dali-cuda130", "torchtune", "torchao", "nvidia-ml-py", "pynvml", "pandas", "scipy",
+            "matplotlib", "pyarrow", "datasets", "setuptools")
 ENV_VARS = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
             "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
             "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "MULTICARD_IN_CONTAINER",
-            "MULTICARD_IMAGE", "MULTICARD_IMAGE_DIGEST", "MULTICARD_BASE_NOTE", "MULTICARD_NO_LLM",
+            "MULTICARD_IMAGE", "MULTICARD_IMAGE_DIGEST", "MULTICARD_IMAGE_CREATED",
+            "MULTICARD_BASE_DIGEST", "MULTICARD_BASE_NOTE", "MULTICARD_NO_LLM",
             "NVIDIA_PYTORCH_VERSION", "DALI_VERSION",
             "NSIGHT_SYSTEMS_VERSION", "CUDA_VERSION", "SLURM_JOB_ID", "SLURM_NODELIST",
             # how NCCL reaches the other nodes
@@ -241,10 +244,15 @@ def capture_env(data_dir: Path | None = None) -> dict[str, Any]:
         "gpus": _gpus(),
         "torch": _torch_info(),
         "packages": _package_versions(),
+        "nvml_bindings": nvml.describe(),
+        "torchao_ops": torchao_ops(),
         "git": _git(),
         "container": {"in_container": os.environ.get("MULTICARD_IN_CONTAINER") == "1",
                       "image": os.environ.get("MULTICARD_IMAGE"),
                       "image_digest": os.environ.get("MULTICARD_IMAGE_DIGEST"),
+                      "image_created": os.environ.get("MULTICARD_IMAGE_CREATED"),
+                      # "": the image was built on a base not pinned by digest
+                      "base_digest": os.environ.get("MULTICARD_BASE_DIGEST"),
                       # a base that is not NGC (the stand-in) says so here
                       "base_note": os.environ.get("MULTICARD_BASE_NOTE")},
         "env": {k: os.environ[k] for k in ENV_VARS if k in os.environ},
@@ -283,7 +291,7 @@ def _memory_bytes() -> int | None:
 def _gpus() -> list[dict[str, Any]]:
     """GPUs through NVML; an empty list where there is no driver."""
     try:
-        import pynvml
+        pynvml = nvml.bindings()
 
         pynvml.nvmlInit()
     except Exception:  # no driver, no library: a CPU machine
@@ -320,6 +328,27 @@ def _torch_info() -> dict[str, Any] | None:
         "cuda_available": cuda,
         "device_count": torch.cuda.device_count() if cuda else 0,
     }
+
+
+def torchao_ops() -> dict[str, Any]:
+    """Whether torchao's C++ ops load here: its wheel is built against PyPI's torch, and another
+    torch build (NGC's) may refuse it, which torchao's import only logs at debug level. The
+    library is loaded as torchao's import would load it (it registers the same ops)."""
+    spec = importlib.util.find_spec("torchao")
+    if spec is None or spec.origin is None:
+        return {"loaded": None, "why": "torchao is not installed"}
+    found = sorted(Path(spec.origin).parent.glob("_C*.so"))
+    if not found:
+        return {"loaded": None, "why": "this torchao build ships no C++ extension"}
+    try:
+        import torch
+
+        if str(found[0]) not in torch.ops.loaded_libraries:
+            torch.ops.load_library(str(found[0]))
+    except (ImportError, OSError, RuntimeError) as error:
+        cause = error.__cause__ or error
+        return {"loaded": False, "why": f"{found[0].name}: {cause}"}
+    return {"loaded": True, "why": None}
 
 
 def _package_versions() -> dict[str, str]:

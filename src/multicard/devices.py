@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from multicard import nvml
 from multicard.errors import InputError
 
 BF16_MIN_CAPABILITY = (8, 0)  # Ampere: the first GPUs with bfloat16 tensor cores
@@ -129,7 +130,7 @@ def _text(value: Any) -> str:
 def nvml_gpus() -> list[GpuIdentity]:
     """Every GPU the driver knows, with its identity; [] without a driver or NVML."""
     try:
-        import pynvml
+        pynvml = nvml.bindings()
 
         pynvml.nvmlInit()
     except Exception:  # no driver, no library: no GPUs

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multicard import nvml
+
 SERIES_FILE = "energy_series.json"  # a trial's GPU counters sampled from outside (telemetry)
 MIN_COUNTER_WINDOW_S = 5.0  # NVML's energy counter (under 1 % low here); RAPL's updates every ms
 MAX_POWER_GAP_S = 0.5  # power samples further apart do not describe the window between them
@@ -237,7 +239,7 @@ class GpuEnergyMeter:
         if self.uuid is None:
             return self
         try:
-            import pynvml
+            pynvml = nvml.bindings()
 
             pynvml.nvmlInit()
             self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByUUID(self.uuid)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from multicard import nvml
+
 END_FILE = "gpu-state-end.json"
 
 # the throttle (clock event) reasons NVML reports as bits, by the names nvidia-smi prints
@@ -114,7 +116,7 @@ def with_held_down(at_end: list[dict[str, Any]], at_start: list[dict[str, Any]])
 def every_gpu() -> tuple[list[dict[str, Any]], str | None]:
     """[{uuid, index, state}] of every GPU NVML sees, or [] and why (no driver: a CPU machine)."""
     try:
-        import pynvml
+        pynvml = nvml.bindings()
 
         pynvml.nvmlInit()
     except Exception as exc:

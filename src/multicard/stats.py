@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -38,6 +39,8 @@ from scipy import stats as sps
 CONFIDENCE = 0.95
 _LEVEL = contextvars.ContextVar("confidence", default=CONFIDENCE)
 BOOTSTRAP_RESAMPLES = 10_000
+# SciPy 1.15 renamed bootstrap's random_state to rng; NGC 24.11 ships SciPy 1.14.1
+SEED_KEYWORD = "rng" if "rng" in inspect.signature(sps.bootstrap).parameters else "random_state"
 OUTLIER_Z = 3.5  # Iglewicz & Hoaglin's cut-off for the modified z-score
 MAD_TO_SIGMA = 0.6745  # MAD of a standard normal
 MAD_FLOOR = 1e-3  # with MAD 0: the spread assumed, as a share of the median
@@ -229,7 +232,8 @@ def bootstrap_interval(b: np.ndarray, o: np.ndarray, seed: int = 0,
     with np.errstate(divide="ignore", invalid="ignore"):  # resamples whose mean is 0
         result = sps.bootstrap(
             (b, o), _mean_ratio, vectorized=True, paired=False, n_resamples=resamples,
-            confidence_level=CONFIDENCE, method="percentile", rng=np.random.default_rng(seed),
+            confidence_level=CONFIDENCE, method="percentile",
+            **{SEED_KEYWORD: np.random.default_rng(seed)},
         )
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from multicard import devices, resources
+from multicard import devices, nvml, resources
 
 # NVML's utilisation is the share of its last sample period (1/6 s to 1 s by product) in which a
 # kernel ran: a sample in the first second of a window still averages time from before it.
@@ -41,7 +41,7 @@ class GpuUtilSampler:
         if self.uuid is None:
             return self
         try:
-            import pynvml
+            pynvml = nvml.bindings()
 
             pynvml.nvmlInit()
             handle = pynvml.nvmlDeviceGetHandleByUUID(self.uuid)
@@ -125,7 +125,7 @@ def rank_device_bytes(gpu: devices.GpuIdentity) -> tuple[int | None, str | None]
     import os
 
     try:
-        import pynvml
+        pynvml = nvml.bindings()
 
         pynvml.nvmlInit()
     except Exception as exc:  # no driver or library
@@ -142,7 +142,7 @@ def processes_on_gpus() -> tuple[dict[str, Processes] | None, str | None]:
     """NVML's compute processes of every GPU of the machine (UUID -> (pid, bytes)), or None
     and why not."""
     try:
-        import pynvml
+        pynvml = nvml.bindings()
 
         pynvml.nvmlInit()
     except Exception as exc:  # no driver or library
@@ -330,7 +330,7 @@ def _uuid(pynvml: Any, handle: Any) -> str:
 
 def _nvml_or_none() -> Any:
     try:
-        import pynvml
+        pynvml = nvml.bindings()
 
         pynvml.nvmlInit()
         return pynvml

@@ -146,3 +146,12 @@ def test_atomic_writes_keep_the_umask_and_leave_no_temporary_file(tmp_path: Path
         os.umask(old)
     assert (tmp_path / "f").stat().st_mode & 0o777 == 0o640
     assert [p.name for p in tmp_path.iterdir()] == ["f"]
+
+
+def test_env_json_says_which_nvml_bindings_ran_and_whether_torchaos_ops_loaded() -> None:
+    found = artifact.torchao_ops()
+    assert set(found) == {"loaded", "why"}
+    assert (found["loaded"] is True) == (found["why"] is None)  # a failure always says why
+    env = artifact.capture_env()
+    assert env["torchao_ops"] == found and env["nvml_bindings"].startswith("nvidia-ml-py ")
+    assert {"image_created", "base_digest"} <= set(env["container"])

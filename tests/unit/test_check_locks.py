@@ -134,11 +134,11 @@ def test_a_lock_checked_against_a_served_index(index: tuple[str, dict[str, list[
     projects["uv"] = page((linux, first), *macs)
     assert check_locks.main(["--registry", url, lock]) == 0
     said = capsys.readouterr().out
-    assert "uv.txt: 1 pins, the file of each for Python 3.10 on glibc 2.35 has its hash" in said
+    assert "uv.txt: 1 pins, the file of each for Python 3.10 on glibc 2.35 (x86_64) has its hash" in said
     projects["uv"][0]["hashes"]["sha256"] = "0" * 64  # the registry now serves another file
     assert check_locks.main(["--registry", url, lock]) == 1
     said = capsys.readouterr().out
-    assert f"uv.txt: FAILED (uv=={pin.version}: {linux}'s sha256 is not in the lock" in said
+    assert f"uv.txt: FAILED (x86_64: uv=={pin.version}: {linux}'s sha256 is not in the lock" in said
     del projects["uv"]
     assert check_locks.main(["--registry", url, lock]) == 1
     assert "no such release on the registry" in capsys.readouterr().out
@@ -150,3 +150,10 @@ def test_a_lock_checked_against_a_served_index(index: tuple[str, dict[str, list[
 def test_an_unknown_lock_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert check_locks.main(["requirements/nothing.txt"]) == 2
     assert capsys.readouterr().err.startswith("check_locks: unknown lock requirements/nothing.txt")
+
+
+def test_arm64_tags_have_only_the_aliases_defined_for_it() -> None:
+    tags = check_locks.manylinux(28, "aarch64")
+    assert tags[0] == "manylinux_2_28_aarch64" and "manylinux2014_aarch64" in tags
+    assert not any("manylinux1" in tag or "manylinux2010" in tag or "x86_64" in tag for tag in tags)
+    assert check_locks.LOCKS["requirements/container.txt"].arches == ("x86_64", "aarch64")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -27,9 +28,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 IGNORED = {"DL3008": "apt package versions follow the pinned base image's Ubuntu release"}
 # Pins that differ between the dev venv and the image on purpose
 DIFFERENT = {"torchao": "torchao is tied to one torch: 0.11.0 with the dev torch 2.14, "
-                        "0.9.0 with the image's torch 2.6",
-             "packaging": "the dev venv's DALI 2.4.0 requires packaging <= 26.3; the image has no "
-                          "DALI from PyPI"}
+                        "0.9.0 with the image's torch 2.6"}
 
 
 def load_tool_from(path: Path) -> ModuleType:
@@ -75,7 +74,7 @@ def test_one_base_image_everywhere() -> None:
     assert arguments["BASE_IMAGE"] == IMAGE["base_image"]
     assert arguments["EXPECTED_VERSIONS"] == "requirements/image.toml"
     assert re.search(r"^ARG EXPECTED_VERSIONS=requirements/image.toml$", DOCKERFILE, re.M)
-    assert re.search(r"^FROM \$\{BASE_IMAGE\}\$\{BASE_DIGEST\}$", DOCKERFILE, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}\$\{BASE_DIGEST:\+@\}\$\{BASE_DIGEST\}$", DOCKERFILE, re.M)
     assert re.search(r"^From: \{\{ BASE_IMAGE \}\}$", DEF, re.M)
     assert IMAGE["base_image"] in LOCK.splitlines()[0]
 
@@ -203,7 +202,11 @@ def test_the_definition_is_read_section_by_section_with_its_template_filled() ->
     post = read.post.splitlines()
     assert post.index("cd /opt/multicard") < post.index(
         "python -m pip install --no-cache-dir --no-deps --no-build-isolation .")
-    assert "python requirements/check_image.py requirements/image.toml" in post  # %arguments default
+    # %arguments default, and the base's own pip check to compare with
+    assert ("python requirements/check_image.py requirements/image.toml requirements/base-pip-check.txt"
+            in post)
+    assert post.index("python -m pip check > requirements/base-pip-check.txt || true") < post.index(
+        "python -m pip install --no-cache-dir --no-deps --require-hashes -r requirements/container.txt")
     assert 'export MULTICARD_IMAGE="multicard:0.1.0 on localhost/base:1"' in read.environment
     assert 'export MULTICARD_CACHE_DIR="$work/cache"' in read.test
     assert read.runscript == 'cd /opt/multicard\nexec nox "$@"\n'
@@ -270,7 +273,7 @@ def test_the_paper_exact_image_has_the_papers_versions_and_refuses_llm() -> None
     assert (paper_pins["torch"], paper_pins["torchvision"]) == ("2.2.2", "0.17.2")
     assert "torchtune" not in paper_pins and paper_pins["numpy"].startswith("1.")
     assert "nvidia-dali-cuda120==1.43.0" in PAPER_EXACT
-    assert re.search(r"^ARG BASE_IMAGE=nvidia/cuda:12\.4\.\d+-cudnn-runtime-ubuntu22\.04$", PAPER_EXACT, re.M)
+    assert re.search(r"^ARG BASE_IMAGE=nvidia/cuda:12\.4\.\d+-runtime-ubuntu22\.04$", PAPER_EXACT, re.M)
     assert "MULTICARD_NO_LLM=" in PAPER_EXACT and re.search(r"^USER 1001:1001$", PAPER_EXACT, re.M)
     assert re.search(r"uv pip install .*--require-hashes \\\n\s+-r requirements/paper-exact\.txt",
                      PAPER_EXACT)
@@ -306,13 +309,19 @@ def test_check_image_names_a_locked_package_whose_requirements_the_base_does_not
 podman_build = load_tool("podman_build")
 
 
-def test_the_locked_down_run_has_no_network_a_read_only_root_and_uid_1001(tmp_path: Path) -> None:
+def test_the_locked_down_run_is_the_readmes_as_a_host_user_with_no_network_and_a_read_only_root(
+        tmp_path: Path) -> None:
     flags = podman_build.run_flags(tmp_path)
-    for pair in (["--network", "none"], ["--user", "1001:1001"], ["--runtime", podman_build.RUNTIME],
-                 ["-v", f"{tmp_path}:/opt/multicard/artifact:U"]):
+    for pair in (["--network", "none"], ["--user", "1000:1000"], ["--runtime", podman_build.RUNTIME],
+                 ["-v", f"{tmp_path}:/opt/multicard/artifact"]):  # no :U: the folder stays the user's
         at = flags.index(pair[0])
         assert flags[at:at + 2] == pair
     assert "--read-only" in flags and flags[:3] == ["podman", "run", "--rm"]
+    assert not any(flag.startswith("HOME=") for flag in flags)  # the entry point makes one
+    # the README's run line: the host user, artifact/ bound, nothing else of the image's chosen
+    readme = (ROOT / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("docker run") and "smoke" in line)
+    assert '--user "$(id -u):$(id -g)"' in line and '-v "$PWD/artifact:/opt/multicard/artifact"' in line
 
 
 def test_a_smoke_run_without_an_ok_trial_per_experiment_or_its_checksums_is_incomplete(
@@ -362,3 +371,88 @@ def test_every_hashed_lock_is_checked_by_nox_locks() -> None:
     tags = check_locks.manylinux(35)
     assert tags[0] == "manylinux_2_35_x86_64" and "manylinux_2_17_x86_64" in tags
     assert "manylinux_2_36_x86_64" not in tags and tags[-1] == "linux_x86_64"
+
+
+# --- a lock that adds to the base, and a build that keeps the base's own state --------------
+
+lock_tool = load_tool_from(ROOT / "requirements" / "lock.py")
+BASE_PINS = lock_tool.versions((ROOT / "requirements" / "ngc-24.11.txt").read_text())
+TAKEN = dict(re.findall(r"^#   ([a-z0-9._-]+)==(\S+)$", LOCK, re.M))
+
+
+def test_the_lock_replaces_no_package_of_the_base() -> None:
+    from packaging.utils import canonicalize_name
+
+    replaced = {canonicalize_name(name) for name in PINS} & set(BASE_PINS)
+    assert replaced == set(lock_tool.REPLACED) == {"dill"}, replaced  # each with its reason
+    assert TAKEN and all(BASE_PINS[name] == version for name, version in TAKEN.items())
+    shared = {"pandas", "pyarrow", "scipy", "matplotlib", "packaging", "filelock", "fsspec", "protobuf"}
+    assert shared <= set(TAKEN)
+
+
+def test_the_stand_in_has_every_package_the_lock_takes_from_the_base_at_its_version() -> None:
+    standin = lock_tool.versions((ROOT / "containers" / "standin" / "requirements.txt").read_text())
+    tools = lock_tool.versions((ROOT / "containers" / "standin" / "packaging-tools.txt").read_text())
+    assert {name: standin.get(name) for name in TAKEN} == TAKEN
+    for name in ("pip", "setuptools", "wheel", "packaging", "pynvml"):  # the base's, shadowing or building
+        assert {**standin, **tools}[name] == BASE_PINS[name], name
+    assert standin["sympy"] != BASE_PINS["sympy"]  # PyPI torch's floor, said in the file
+
+
+def test_the_lock_is_split_into_what_it_adds_and_what_it_takes() -> None:
+    compiled = ("attrs==24.2.0 \\\n    --hash=sha256:aa\n    # via nox\n"
+                "nox==2026.10.20 \\\n    --hash=sha256:bb\n"
+                "rich==15.0.0 \\\n    --hash=sha256:cc\n")
+    kept, taken, problems = lock_tool.split(compiled, {"attrs": "24.2.0", "rich": "13.9.4"})
+    assert taken == ["attrs==24.2.0"] and [k.split("==")[0] for k in kept] == ["nox"]
+    assert problems == ["rich 15.0.0 would replace the base's 13.9.4"]
+
+
+def test_pip_check_fails_the_build_only_on_what_the_image_added() -> None:
+    base = "torch 2.14.1 has requirement setuptools>=77.0.3, but you have setuptools 70.3.0.\n"
+    clean = "No broken requirements found.\n"
+    assert check_image.added_pip_problems(clean, clean) == []
+    assert check_image.added_pip_problems(base, base) == []
+    added = "cudf 24.10.0 has requirement pandas<2.2.3,>=2.0, but you have pandas 3.0.6."
+    assert check_image.added_pip_problems(base, base + added + "\n") == [
+        f"pip check: {added} (the base did not have this)"]
+
+
+def test_the_build_line_records_provenance() -> None:
+    script = (ROOT / "containers" / "build.sh").read_text()
+    for arg in ("BASE_DIGEST", "MULTICARD_GIT_SHA", "MULTICARD_SOURCE", "MULTICARD_CREATED"):
+        assert f"--build-arg {arg}=" in script
+        assert re.search(rf"^ARG {arg}=", DOCKERFILE, re.M)
+    for label in ("created", "source", "revision", "base.name", "base.digest"):
+        assert f"org.opencontainers.image.{label}=" in DOCKERFILE
+    for env in ("MULTICARD_GIT_SHA", "MULTICARD_IMAGE_CREATED", "MULTICARD_BASE_DIGEST"):
+        assert f"{env}=" in DOCKERFILE
+    assert 'export MULTICARD_GIT_SHA="{{ GIT_SHA }}"' in def_section("environment")
+    assert "containers/build.sh" in (ROOT / "README.md").read_text()
+
+
+def test_only_the_lock_is_copied_before_the_pip_layer_and_nothing_is_chowned_recursively() -> None:
+    lines = DOCKERFILE.splitlines()
+    pip_layer = next(k for k, line in enumerate(lines)
+                     if "--require-hashes -r requirements/container.txt" in line)
+    copies = [line for line in lines[:pip_layer] if line.startswith("COPY")]
+    assert copies == ["COPY requirements/container.txt requirements/"]
+    assert "chown -R" not in DOCKERFILE
+
+
+def test_the_entry_point_gives_any_uid_a_home_and_stops_where_artifact_is_not_writable(
+        tmp_path: Path) -> None:
+    script = str(ROOT / "containers" / "entrypoint.sh")
+    show = 'echo "$HOME|$MPLCONFIGDIR|$TRITON_CACHE_DIR|$HF_HOME"'
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "no-such-home"), "TMPDIR": str(tmp_path),
+           "MULTICARD_ARTIFACT": str(tmp_path)}
+    done = subprocess.run(["sh", script, "sh", "-c", show], env=env, capture_output=True, text=True,
+                          check=False)
+    home = f"{tmp_path}/multicard-home-{os.getuid()}"
+    assert done.returncode == 0, done.stderr
+    cache = f"{home}/.cache"
+    assert done.stdout.strip() == f"{home}|{cache}/matplotlib|{cache}/triton|{cache}/huggingface"
+    env["MULTICARD_ARTIFACT"] = str(tmp_path / "not-there")
+    done = subprocess.run(["sh", script, "true"], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1 and '--user "$(id -u):$(id -g)"' in done.stderr
