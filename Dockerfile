@@ -1,6 +1,6 @@
 # multicard on NVIDIA's NGC PyTorch image: the image's own CUDA, PyTorch, DALI and Nsight Systems
-# are what gets measured, so torch is never reinstalled, and the lock only adds packages (none of
-# the base's is replaced: requirements/lock.py). Base and pins: requirements/image.toml,
+# are what gets measured, so torch is never reinstalled, and the lock adds packages (it replaces
+# one of the base's, with the reason in requirements/lock.py). Base and pins: requirements/image.toml,
 # requirements/container.txt (one source for this file and apptainer.def).
 # Build with containers/build.sh (it passes the base's digest, the git commit and the date), or:
 #   docker build --build-arg MULTICARD_GIT_SHA="$(git rev-parse HEAD)" -t multicard .
