@@ -11,26 +11,18 @@ FROM ${BASE_IMAGE}${BASE_DIGEST:+@}${BASE_DIGEST}
 
 ARG BASE_IMAGE
 ARG BASE_DIGEST
-ARG MULTICARD_GIT_SHA=unknown
-ARG MULTICARD_CREATED=unknown
-ARG MULTICARD_SOURCE=unknown
 # what requirements/check_image.py expects of the base (containers/standin/ has the stand-in's)
 ARG EXPECTED_VERSIONS=requirements/image.toml
 LABEL org.opencontainers.image.title="multicard" \
       org.opencontainers.image.description="Reproducibility artifact for arXiv 2505.22905: repeated, verifiable re-runs of its experiments" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="0.1.0" \
-      org.opencontainers.image.created="${MULTICARD_CREATED}" \
-      org.opencontainers.image.source="${MULTICARD_SOURCE}" \
-      org.opencontainers.image.revision="${MULTICARD_GIT_SHA}" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
       org.opencontainers.image.base.digest="${BASE_DIGEST}"
 
 # every env.json records these (MULTICARD_BASE_DIGEST empty: the base was not pinned by digest)
 ENV MULTICARD_IN_CONTAINER=1 \
     MULTICARD_IMAGE="multicard:0.1.0 on ${BASE_IMAGE}" \
-    MULTICARD_GIT_SHA="${MULTICARD_GIT_SHA}" \
-    MULTICARD_IMAGE_CREATED="${MULTICARD_CREATED}" \
     MULTICARD_BASE_DIGEST="${BASE_DIGEST}" \
     MULTICARD_DATA_DIR=/opt/multicard/data \
     MULTICARD_CLAIMS=/opt/multicard/experiments/claims.toml \
@@ -72,6 +64,18 @@ RUN python -m pip install --no-deps --no-build-isolation . \
 RUN useradd --create-home --shell /bin/bash --uid 1001 --user-group multicard \
  && install -d -o 1001 -g 1001 artifact artifact/runs
 USER 1001:1001
+
+# the commit, source and date last: they change with every build, and a layer after them would
+# be rebuilt each time (containers/build.sh passes them)
+ARG MULTICARD_GIT_SHA=unknown
+ARG MULTICARD_CREATED=unknown
+ARG MULTICARD_SOURCE=unknown
+LABEL org.opencontainers.image.created="${MULTICARD_CREATED}" \
+      org.opencontainers.image.source="${MULTICARD_SOURCE}" \
+      org.opencontainers.image.revision="${MULTICARD_GIT_SHA}"
+ENV MULTICARD_GIT_SHA="${MULTICARD_GIT_SHA}" \
+    MULTICARD_IMAGE_CREATED="${MULTICARD_CREATED}" \
+    MULTICARD_IMAGE_SOURCE="${MULTICARD_SOURCE}"
 
 ENTRYPOINT ["multicard-entrypoint"]
 CMD ["sh", "-c", "echo 'multicard: docker run --rm --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 --user \"$(id -u):$(id -g)\" -v \"$PWD/artifact:/opt/multicard/artifact\" multicard nox -s <session>'; nox -l"]

@@ -24,7 +24,9 @@ sha=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 if [ "$sha" != unknown ] && [ -n "$(git status --porcelain --untracked-files=no)" ]; then
     sha="$sha+dirty"  # the image holds changes no commit has
 fi
-source=$(git remote get-url origin 2>/dev/null || echo unknown)
+# a credential in the remote's URL stays out of the labels
+source=$(git remote get-url origin 2>/dev/null | sed 's#://[^/@]*@#://#' || true)
+source=${source:-unknown}
 exec "$engine" build \
     --build-arg BASE_IMAGE="$base" \
     --build-arg BASE_DIGEST="$digest" \

@@ -226,13 +226,20 @@ def build_tests_image(log: Log, scratch: Path) -> None:
                            "-f", str(ROOT / "containers" / "tests.Containerfile"), str(context)))
 
 
+def readme_flags(artifact: Path, user: tuple[int, int] = HOST_USER) -> list[str]:
+    """`podman run` as the README's smoke line writes it for a reviewer (`--ipc=host --user
+    "$(id -u):$(id -g)"`, the clone's artifact/ bound), plus what podman needs on this machine
+    (RUN_FLAGS). No HOME is given: the entry point must make one for a uid the image does not
+    know."""
+    return ["podman", "run", "--rm", *RUN_FLAGS, "--ipc=host", "--user", f"{user[0]}:{user[1]}",
+            "-v", f"{artifact}:/opt/multicard/artifact"]
+
+
 def run_flags(artifact: Path, user: tuple[int, int] = HOST_USER) -> list[str]:
-    """`podman run` as the README writes it for a reviewer (`--user "$(id -u):$(id -g)"`, the
-    clone's artifact/ bound), locked down: no network, a read-only root. No HOME is given: the
-    entry point must make one for a uid the image does not know."""
-    return ["podman", "run", "--rm", *RUN_FLAGS, "--network", "none", "--read-only",
-            "--tmpfs", "/tmp:rw,mode=1777,size=8g", "--shm-size", "2g", "--ipc=host",
-            "--user", f"{user[0]}:{user[1]}", "-v", f"{artifact}:/opt/multicard/artifact"]
+    """The README's flags, locked down as well: no network, a read-only root (a /tmp of its own;
+    with --ipc=host podman takes no --shm-size, the host's /dev/shm serves)."""
+    return [*readme_flags(artifact, user), "--network", "none", "--read-only",
+            "--tmpfs", "/tmp:rw,mode=1777,size=8g"]
 
 
 def owned_by_host_user(artifact: Path) -> None:
@@ -271,7 +278,8 @@ def smoke_gaps(run: Path, experiments: Sequence[str]) -> list[str]:
 
 
 def smoke_in_image(log: Log, artifact: Path) -> Path:
-    log.step("nox -s smoke inside the image", [*run_flags(artifact), IMAGE_TAG, "nox", "-s", "smoke"])
+    log.step("nox -s smoke inside the image, run as the README writes it",
+             [*readme_flags(artifact), IMAGE_TAG, "nox", "-s", "smoke"])
     runs = sorted((artifact / "runs").glob("smoke-*"))
     if not runs:
         raise BuildError(f"the smoke run wrote no run directory under {artifact}/runs")

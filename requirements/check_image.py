@@ -126,9 +126,11 @@ def main(argv: list[str]) -> int:
     issues = problems(expected, pins, found) + unmet(pins) + failed_imports(modules) + nvml_problems()
     if len(argv) > 1:
         base = Path(argv[1]).read_text()
-        now = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True,
-                             check=False).stdout
-        issues += added_pip_problems(base, now)
+        done = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True,
+                              check=False)
+        if done.returncode != 0 and not pip_check_lines(done.stdout):  # pip itself failed
+            issues.append(f"pip check did not run: exit {done.returncode}: {done.stderr.strip()[-300:]}")
+        issues += added_pip_problems(base, done.stdout)
         for line in pip_check_lines(base):
             print(f"check_image: the base's own pip check: {line}")
     for problem in issues:

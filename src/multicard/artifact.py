@@ -34,7 +34,7 @@ PACKAGES = ("multicard", "torch", "torchvision", "numpy", "nvidia-dali-cuda120",
 ENV_VARS = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
             "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
             "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "MULTICARD_IN_CONTAINER",
-            "MULTICARD_IMAGE", "MULTICARD_IMAGE_DIGEST", "MULTICARD_IMAGE_CREATED",
+            "MULTICARD_IMAGE", "MULTICARD_IMAGE_DIGEST", "MULTICARD_IMAGE_CREATED", "MULTICARD_IMAGE_SOURCE",
             "MULTICARD_BASE_DIGEST", "MULTICARD_BASE_NOTE", "MULTICARD_NO_LLM",
             "NVIDIA_PYTORCH_VERSION", "DALI_VERSION",
             "NSIGHT_SYSTEMS_VERSION", "CUDA_VERSION", "SLURM_JOB_ID", "SLURM_NODELIST",
@@ -251,6 +251,7 @@ def capture_env(data_dir: Path | None = None) -> dict[str, Any]:
                       "image": os.environ.get("MULTICARD_IMAGE"),
                       "image_digest": os.environ.get("MULTICARD_IMAGE_DIGEST"),
                       "image_created": os.environ.get("MULTICARD_IMAGE_CREATED"),
+                      "image_source": os.environ.get("MULTICARD_IMAGE_SOURCE"),
                       # "": the image was built on a base not pinned by digest
                       "base_digest": os.environ.get("MULTICARD_BASE_DIGEST"),
                       # a base that is not NGC (the stand-in) says so here

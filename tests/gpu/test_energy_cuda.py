@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from multicard import energy
+from multicard import energy, nvml
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")]
 
 
 def test_a_gpu_gives_instantaneous_power_or_says_why_not() -> None:
-    import pynvml
-
+    pynvml = nvml.bindings()  # nvidia-ml-py's, where NGC's pynvml 11.4.1 shadows it
+    assert hasattr(pynvml, "NVML_FI_DEV_POWER_INSTANT")
     pynvml.nvmlInit()
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)

@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -318,10 +319,16 @@ def test_the_locked_down_run_is_the_readmes_as_a_host_user_with_no_network_and_a
         assert flags[at:at + 2] == pair
     assert "--read-only" in flags and flags[:3] == ["podman", "run", "--rm"]
     assert not any(flag.startswith("HOME=") for flag in flags)  # the entry point makes one
-    # the README's run line: the host user, artifact/ bound, nothing else of the image's chosen
+    assert not ("--ipc=host" in flags and "--shm-size" in flags)  # podman refuses the pair
+    # the smoke runs with the README's own line: its flags, as uid 1000 in $PWD/artifact, plus
+    # only what podman needs on this machine
     readme = (ROOT / "README.md").read_text()
     line = next(line for line in readme.splitlines() if line.startswith("docker run") and "smoke" in line)
-    assert '--user "$(id -u):$(id -g)"' in line and '-v "$PWD/artifact:/opt/multicard/artifact"' in line
+    line = line.replace('"$(id -u):$(id -g)"', "1000:1000").replace("$PWD/artifact", str(tmp_path))
+    words = shlex.split(line)
+    assert words[:2] == ["docker", "run"] and words[-4:] == ["multicard", "nox", "-s", "smoke"]
+    readme_flags = podman_build.readme_flags(tmp_path)
+    assert [w for w in readme_flags[2:] if w not in podman_build.RUN_FLAGS] == words[2:-4]
 
 
 def test_a_smoke_run_without_an_ok_trial_per_experiment_or_its_checksums_is_incomplete(
@@ -425,8 +432,15 @@ def test_the_build_line_records_provenance() -> None:
         assert re.search(rf"^ARG {arg}=", DOCKERFILE, re.M)
     for label in ("created", "source", "revision", "base.name", "base.digest"):
         assert f"org.opencontainers.image.{label}=" in DOCKERFILE
-    for env in ("MULTICARD_GIT_SHA", "MULTICARD_IMAGE_CREATED", "MULTICARD_BASE_DIGEST"):
-        assert f"{env}=" in DOCKERFILE
+    for env, arg in (("MULTICARD_GIT_SHA", "MULTICARD_GIT_SHA"),
+                     ("MULTICARD_IMAGE_CREATED", "MULTICARD_CREATED"),
+                     ("MULTICARD_IMAGE_SOURCE", "MULTICARD_SOURCE"),
+                     ("MULTICARD_BASE_DIGEST", "BASE_DIGEST")):
+        assert re.search(rf'^(?:ENV)?\s+{env}="\$\{{{arg}\}}"', DOCKERFILE, re.M), env  # the ENV, not the ARG
+    # what changes with every build comes after the last RUN: the layers before stay cached
+    last_run = max(k for k, line in enumerate(DOCKERFILE.splitlines()) if line.startswith("RUN"))
+    created = DOCKERFILE.splitlines().index("ARG MULTICARD_CREATED=unknown")
+    assert created > last_run
     assert 'export MULTICARD_GIT_SHA="{{ GIT_SHA }}"' in def_section("environment")
     assert "containers/build.sh" in (ROOT / "README.md").read_text()
 

@@ -20,8 +20,10 @@ def test_a_shadowing_pynvml_package_does_not_hide_nvidia_ml_py(tmp_path: Path,
     shadow.mkdir()
     (shadow / "__init__.py").write_text("NVML_FI_MAX = 161  # as pynvml 11.4.1's fields end\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
-    monkeypatch.delitem(sys.modules, nvml.SHADOW_FREE_NAME, raising=False)
+    # both names set (to what they were, or absent) so that monkeypatch puts them back afterwards
+    for name in ("pynvml", nvml.SHADOW_FREE_NAME):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name))
+        del sys.modules[name]
     import pynvml
 
     assert Path(pynvml.__file__).parent == shadow  # Python's own choice: the package
@@ -31,12 +33,12 @@ def test_a_shadowing_pynvml_package_does_not_hide_nvidia_ml_py(tmp_path: Path,
     assert nvml.describe().endswith(f"loaded from its file: `pynvml` is {shadow / '__init__.py'}")
 
 
-def test_the_unshadowed_module_and_a_tests_stand_in_are_used_as_they_are(
+def test_nvidia_ml_py_is_what_runs_here_and_a_tests_stand_in_is_used_as_it_is(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
-    import pynvml
-
-    assert nvml.bindings() is pynvml and nvml.describe().startswith("nvidia-ml-py ")
+    # here: the dev venv's unshadowed module, or, in an image on NGC's base, the shadowed one
+    found = nvml.bindings()
+    assert Path(found.__file__).resolve() == nvml.distribution_file()
+    assert nvml.describe().startswith("nvidia-ml-py ")
     stand_in = SimpleNamespace(nvmlInit=lambda: None)
     monkeypatch.setitem(sys.modules, "pynvml", stand_in)
     assert nvml.bindings() is stand_in
