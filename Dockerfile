@@ -42,7 +42,7 @@ WORKDIR /opt/multicard
 # only the lock before the pip layer: an edit to the sources does not reinstall the packages.
 # `pip check` of the base first: the build fails on any problem the lock adds to it.
 COPY requirements/container.txt requirements/
-RUN { python -m pip check > requirements/base-pip-check.txt || true; } \
+RUN { python -m pip check > /opt/multicard/base-pip-check.txt || true; } \
  && python -m pip install --no-deps --require-hashes -r requirements/container.txt
 
 COPY pyproject.toml README.md ARTIFACT.md LICENSE CITATION.cff noxfile.py ./
@@ -54,7 +54,7 @@ COPY data/mnist/ data/mnist/
 COPY benchmarks/ benchmarks/
 COPY containers/entrypoint.sh /usr/local/bin/multicard-entrypoint
 RUN python -m pip install --no-deps --no-build-isolation . \
- && python requirements/check_image.py "${EXPECTED_VERSIONS}" requirements/base-pip-check.txt \
+ && python requirements/check_image.py "${EXPECTED_VERSIONS}" /opt/multicard/base-pip-check.txt \
  && python -m multicard data verify
 
 # What runs write goes to artifact/ (mount a host folder there; it also holds what multicard

@@ -204,9 +204,9 @@ def test_the_definition_is_read_section_by_section_with_its_template_filled() ->
     assert post.index("cd /opt/multicard") < post.index(
         "python -m pip install --no-cache-dir --no-deps --no-build-isolation .")
     # %arguments default, and the base's own pip check to compare with
-    assert ("python requirements/check_image.py requirements/image.toml requirements/base-pip-check.txt"
+    assert ("python requirements/check_image.py requirements/image.toml /opt/multicard/base-pip-check.txt"
             in post)
-    assert post.index("python -m pip check > requirements/base-pip-check.txt || true") < post.index(
+    assert post.index("python -m pip check > /opt/multicard/base-pip-check.txt || true") < post.index(
         "python -m pip install --no-cache-dir --no-deps --require-hashes -r requirements/container.txt")
     assert 'export MULTICARD_IMAGE="multicard:0.1.0 on localhost/base:1"' in read.environment
     assert 'export MULTICARD_CACHE_DIR="$work/cache"' in read.test
