@@ -251,11 +251,13 @@ def refused_when_not_writable(log: Log, artifact: Path) -> None:
     """The image's default uid (1001) on the reviewer's folder: stopped at once, with the fix."""
     command = [*run_flags(artifact, (1001, 1001)), IMAGE_TAG, "nox", "-l"]
     log.echo("container: a uid that cannot write artifact/ is stopped with the fix")
+    started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
+    seconds = time.monotonic() - started
     said = done.stderr.strip().splitlines()
     if done.returncode != NOT_WRITABLE_EXIT or not said or "--user" not in said[-1]:
         raise BuildError(f"a uid that cannot write artifact/: exit {done.returncode}, said {said[-3:]}")
-    log.steps.append({"step": "uid 1001 on the reviewer's artifact/: refused", "seconds": 0.0,
+    log.steps.append({"step": "uid 1001 on the reviewer's artifact/: refused", "seconds": round(seconds, 1),
                       "exit": done.returncode, "said": said[-1]})
 
 

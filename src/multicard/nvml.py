@@ -8,6 +8,7 @@ the base's package, multicard loads nvidia-ml-py's own file where another `pynvm
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -19,6 +20,7 @@ DISTRIBUTION = "nvidia-ml-py"
 SHADOW_FREE_NAME = "multicard_nvidia_ml_py"  # where the unshadowed module is kept in sys.modules
 
 
+@functools.cache  # reads the distribution's RECORD; every NVML caller asks
 def distribution_file(distribution: str = DISTRIBUTION) -> Path | None:
     """The `pynvml.py` that `distribution` installed; None where it is not installed."""
     try:
