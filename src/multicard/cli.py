@@ -358,9 +358,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = args.out or Path("artifact/runs") / (
         f"{s.name}-{s.profile}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}")
     _check_out(out)
-    outcome = runner.run(s, out, trace=args.trace, nodes=_nodes(args, nnodes) if nnodes > 1 else None)
+    outcome = runner.run(s, out, trace=args.trace, nodes=_nodes(args, nnodes) if nnodes > 1 else None,
+                         deadline_unix=args.deadline if args.deadline is not None else _env_deadline())
     print(f"next: multicard report {outcome.out}")
+    if outcome.left:  # not a failure: the rest needs more time than was left
+        print(f"multicard: {outcome.left} trial(s) left for the next run (exit status 3): run the "
+              "same command to go on", file=sys.stderr)
+        return 3
     return 0
+
+
+def _env_deadline() -> float | None:
+    """$MULTICARD_DEADLINE (a Slurm template sets it from the job's end), as --deadline reads it."""
+    text = os.environ.get("MULTICARD_DEADLINE")
+    try:
+        return deadline(text) if text else None
+    except argparse.ArgumentTypeError as exc:
+        raise InputError(f"MULTICARD_DEADLINE: {exc}") from None
+
+
+def deadline(text: str) -> float:
+    """`--deadline`: `@UNIX_SECONDS` or an ISO 8601 time (UTC unless it says otherwise)."""
+    try:
+        if text.startswith("@"):
+            return float(text[1:])
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected @UNIX_SECONDS or an ISO 8601 time, got {text!r}") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def rendezvous_endpoint(text: str) -> tuple[str, int]:
@@ -381,7 +407,7 @@ def _nodes(args: argparse.Namespace, nnodes: int) -> Nodes:
         raise InputError("run: nnodes > 1 needs --rdzv-endpoint HOST:PORT (the first node's host "
                          "and a free port below 32768, outside the ephemeral range)")
     launcher = cluster.make_launcher(args.launcher, args.node_rank_env, args.step_wrapper, nnodes,
-                                     os.environ)
+                                     os.environ, args.node_python)
     return runner.Nodes(launcher, args.rdzv_endpoint)
 
 
@@ -671,8 +697,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the variable in which the launcher tells each node its index "
                         "(default for srun: SLURM_NODEID)")
     p.add_argument("--step-wrapper", metavar="WORDS",
-                   help="words between the launcher and each node's part, e.g. "
-                        "'apptainer exec --nv multicard.sif'")
+                   help="words between the launcher and each node's part, from an absolute path, "
+                        "e.g. '/usr/bin/apptainer exec --nv /scratch/multicard.sif'")
+    p.add_argument("--node-python", metavar="PATH",
+                   help="the Python of each node's part (default: python3 inside --step-wrapper, "
+                        "else this one)")
+    p.add_argument("--deadline", type=deadline, metavar="@UNIX|ISO",
+                   help="start no trial whose estimate reaches past this time (a job's time limit; "
+                        "default $MULTICARD_DEADLINE); the rest is left for the next run (left.json), "
+                        "exit status 3")
 
     p = add("list", cmd_list, "the experiments (with their profiles, configs and trials) and the "
             "claims each answers")
@@ -876,9 +909,9 @@ def _main(argv: list[str] | None) -> int:
         print("multicard: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        from multicard.runner import StorageFull
+        from multicard.runner import RunStopped
 
-        if not isinstance(exc, StorageFull):
+        if not isinstance(exc, RunStopped):
             raise
         print(f"multicard: error: {exc}", file=sys.stderr)
         return 1

@@ -1,31 +1,39 @@
 """Several nodes per trial: the planner's one launcher step per trial, and what each node left.
 
-The runner plans once, on one host (Slurm's batch host), and is the only writer of trials.jsonl.
-A trial across N nodes is one launcher step that starts `python -m multicard.node_step` once per
-node, and the step ends when every node's part has ended:
+The runner plans once, on one host (a Slurm job's batch host, with a Python of its own: it needs
+no torch), and is the only writer of trials.jsonl. A trial across N nodes is one launcher step
+that starts `python -m multicard.node_step` once per node, and the step ends when every node's
+part has ended:
 
-- `srun --nodes=N --ntasks=N --ntasks-per-node=1 --relative=0 --kill-on-bad-exit=1 --label`
-  inside a Slurm allocation (the node's index is SLURM_NODEID; the step starts on the batch
-  host, where the endpoint is; a node whose part fails ends the others' at once);
+- `srun --nodes=N --ntasks=N --ntasks-per-node=1 --relative=0 --kill-on-bad-exit=1 --label
+  --mpi=none --export=...` inside a Slurm allocation (the node's index is SLURM_NODEID; the step
+  starts on the allocation's first node, where the endpoint is; a node whose part fails ends the
+  others' at once), with `--gpus-per-node=G --exact` for a GPU trial of G GPUs per node;
 - elsewhere any command that starts its argument once per node and tells each its index in an
   environment variable (`--launcher 'mpirun -np {nnodes} --map-by ppr:1:node' --node-rank-env
   OMPI_COMM_WORLD_RANK`; `{nnodes}` is replaced by the trial's node count).
 
-`step_wrapper` words go between the launcher and the node step (`apptainer exec --nv ... SIF`:
-the planner runs in the image, and each node's part must enter it too). Each node's part writes
-TRIAL/nodes/node<R>/{node.json,stdout.log,stderr.log}; the ranks write into the shared TRIAL
-directory, global rank 0 on node 0 (launch.rendezvous_flags).
+`step_wrapper` words go between the launcher and the node step (`/usr/bin/apptainer exec --nv
+... /abs/multicard.sif`): each node's part then runs in the image, with the image's own Python
+(`node_python`, default `python3`). Nothing of the planner's host goes into the nodes' argv or
+environment then: its interpreter is the slot PYTHON_SLOT, which each node's part fills with its
+own, and the step exports only what the nodes' ranks may need (STEP_EXPORTED). Each node's part
+writes TRIAL/nodes/node<R>/{node.json,stdout.log,stderr.log}; the ranks write into the shared
+TRIAL directory (the same absolute path on every node), global rank 0 on node 0.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import re
 import shlex
 import shutil
+import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +42,14 @@ from multicard.errors import InputError
 
 NODES_DIR = "nodes"
 NODE_JSON = "node.json"
+# where the nodes' argv names their Python: each node's part puts its own interpreter there
+PYTHON_SLOT = "{python}"
+# What a step exports to the nodes besides Slurm's own SLURM_*: the communication libraries'
+# settings and the user's thread count, never the planner's PATH, PYTHONPATH or venv (unless the
+# nodes run the planner's own Python, without a step wrapper: then they are the same files).
+STEP_EXPORTED_PREFIXES = ("NCCL_", "GLOO_", "UCX_", "FI_", "OMP_", "TORCH_", "APPTAINER", "SINGULARITY")
+STEP_EXPORTED_NAMES = ("HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR")
+PLANNER_PYTHON_NAMES = ("PATH", "PYTHONPATH", "VIRTUAL_ENV")
 
 
 @dataclass(frozen=True)
@@ -43,6 +59,7 @@ class Launcher:
     words: tuple[str, ...]  # the launcher's own argv ("srun": built per step from nnodes)
     node_rank_env: str  # where a node's part finds its index
     step_wrapper: tuple[str, ...] = ()
+    node_python: str = sys.executable  # the Python each node's part runs (inside the wrapper)
 
     @property
     def is_srun(self) -> bool:
@@ -52,18 +69,29 @@ class Launcher:
 NNODES_SLOT = "{nnodes}"
 
 
-def srun_flags(nnodes: int) -> list[str]:
-    """One task per node from the allocation's first node on (the batch host, where the
-    endpoint is), all killed when one fails, output lines labelled with the task."""
+def srun_flags(nnodes: int, gpus_per_node: int, exported: Sequence[str]) -> list[str]:
+    """One task per node from the allocation's first node on (where the endpoint is), all
+    killed when one fails, output lines labelled with the task; no MPI plugin (torchrun meets by
+    itself); only `exported` of the planner's environment (Slurm's own SLURM_* always); a GPU
+    trial's GPUs per node and no more (`--exact`: the step gets what it asks for)."""
+    gpus = [f"--gpus-per-node={gpus_per_node}", "--exact"] if gpus_per_node else []
     return [f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1", "--relative=0",
-            "--kill-on-bad-exit=1", "--label"]
+            "--kill-on-bad-exit=1", "--label", "--mpi=none",
+            f"--export={','.join(exported) if exported else 'NONE'}", *gpus]
+
+
+def step_exported(env: Mapping[str, str], launcher: Launcher) -> list[str]:
+    """The names of `env` a step passes on to the nodes (see STEP_EXPORTED_PREFIXES)."""
+    own_python = not launcher.step_wrapper and launcher.node_python == sys.executable
+    names = STEP_EXPORTED_NAMES + (PLANNER_PYTHON_NAMES if own_python else ())
+    return sorted(k for k in env if k in names or k.startswith(STEP_EXPORTED_PREFIXES))
 
 
 def make_launcher(command: str, node_rank_env: str | None, step_wrapper: str | None,
-                  nnodes: int, env: Mapping[str, str]) -> Launcher:
-    """`--launcher`, `--node-rank-env` and `--step-wrapper` as given, for trials of up to
-    `nnodes` nodes; bad input otherwise (srun outside an allocation would queue a new job per
-    trial; more nodes than the job has would never start)."""
+                  nnodes: int, env: Mapping[str, str], node_python: str | None = None) -> Launcher:
+    """`--launcher`, `--node-rank-env`, `--step-wrapper` and `--node-python` as given, for
+    trials of up to `nnodes` nodes; bad input otherwise (srun outside an allocation would queue
+    a new job per trial; more nodes than the job has would never start)."""
     try:
         words = tuple(shlex.split(command))
         wrapper = tuple(shlex.split(step_wrapper or ""))
@@ -84,7 +112,11 @@ def make_launcher(command: str, node_rank_env: str | None, step_wrapper: str | N
     if shutil.which(words[0]) is None:
         raise InputError(f"--launcher: {words[0]} is not on PATH (several nodes per trial are "
                          "started with srun under Slurm, or the launcher given with --launcher)")
-    return Launcher(words, variable, wrapper)
+    if wrapper and not Path(wrapper[0]).is_absolute():
+        raise InputError(f"--step-wrapper: {wrapper[0]!r} must be an absolute path (a step exports "
+                         "no PATH to the nodes): e.g. $(command -v apptainer)")
+    python = node_python or ("python3" if wrapper else sys.executable)
+    return Launcher(words, variable, wrapper, python)
 
 
 def _check_allocation(env: Mapping[str, str], nnodes: int) -> None:
@@ -103,20 +135,32 @@ def rendezvous_id(out: Path, experiment: str, trial_key: str, attempt: int) -> s
     return f"{experiment}-{digest}-{trial_key}-a{attempt}"
 
 
-def step_argv(launcher: Launcher, nnodes: int, trial_dir: Path, ranks_per_node: int,
-              extra_env: Mapping[str, str], command: Sequence[str],
-              page_cache: tuple[str, Path] | None = None) -> list[str]:
-    """The planner's argv of one multi-node trial: the launcher, then one node step per node."""
-    words = ["srun", *srun_flags(nnodes)] if launcher.is_srun else \
-        [word.replace(NNODES_SLOT, str(nnodes)) for word in launcher.words]
-    node_step = [sys.executable, "-m", "multicard.node_step", "--nnodes", str(nnodes),
-                 "--node-rank-env", launcher.node_rank_env, "--dir", str(trial_dir),
-                 "--ranks-per-node", str(ranks_per_node)]
-    for key, value in sorted(extra_env.items()):
+@dataclass(frozen=True)
+class NodePart:
+    """What every node's part of one step is given."""
+
+    trial_dir: Path
+    ranks_per_node: int
+    gpus_per_node: int  # asked of srun (0: a CPU trial asks for none)
+    extra_env: Mapping[str, str]
+    page_cache: tuple[str, Path] | None = None
+
+
+def step_argv(launcher: Launcher, nnodes: int, part: NodePart, command: Sequence[str],
+              env: Mapping[str, str]) -> list[str]:
+    """The planner's argv of one multi-node step: the launcher, then one node step per node,
+    with the planner's interpreter in `command` replaced by PYTHON_SLOT."""
+    words = ["srun", *srun_flags(nnodes, part.gpus_per_node, step_exported(env, launcher))] \
+        if launcher.is_srun else [word.replace(NNODES_SLOT, str(nnodes)) for word in launcher.words]
+    node_step = [launcher.node_python, "-m", "multicard.node_step", "--nnodes", str(nnodes),
+                 "--node-rank-env", launcher.node_rank_env, "--dir", str(part.trial_dir),
+                 "--ranks-per-node", str(part.ranks_per_node)]
+    for key, value in sorted(part.extra_env.items()):
         node_step += ["--env", f"{key}={value}"]
-    if page_cache:  # every node's own page cache, not just the planner's
-        node_step += ["--page-cache", page_cache[0], "--page-cache-tree", str(page_cache[1])]
-    return [*words, *launcher.step_wrapper, *node_step, "--", *command]
+    if part.page_cache:  # every node's own page cache, not just the planner's
+        node_step += ["--page-cache", part.page_cache[0], "--page-cache-tree", str(part.page_cache[1])]
+    portable = [PYTHON_SLOT if word == sys.executable else word for word in command]
+    return [*words, *launcher.step_wrapper, *node_step, "--", *portable]
 
 
 def node_rank(env: Mapping[str, str], variable: str, nnodes: int) -> int:
@@ -129,6 +173,29 @@ def node_rank(env: Mapping[str, str], variable: str, nnodes: int) -> int:
     if not int(text) < nnodes:
         raise InputError(f"{variable}: expected 0 <= index < nnodes ({nnodes}), got {text}")
     return int(text)
+
+
+ENDPOINT_FLAG = re.compile(r"--rdzv[-_]endpoint=(.+):([0-9]+)$")
+
+
+def endpoint_problem(command: Sequence[str]) -> str | None:
+    """On node 0: why the rendezvous endpoint in torchrun's argv is not this node (static ranks
+    put the store on node 0, so every other node would wait for the rendezvous timeout), or None.
+    An address is this host's when a socket can be bound to it."""
+    found = next((m for word in command if (m := ENDPOINT_FLAG.match(word))), None)
+    if found is None:
+        return None
+    host = found.group(1).strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"--rdzv-endpoint host {host!r} does not resolve on node 0 ({exc})"
+    for family, _, _, _, address in infos:
+        with socket.socket(family, socket.SOCK_STREAM) as probe, contextlib.suppress(OSError):
+            probe.bind((address[0], 0))
+            return None
+    return (f"--rdzv-endpoint {host} ({infos[0][4][0]}) is not an address of node 0 "
+            f"({socket.gethostname()}): the endpoint must be the step's first node")
 
 
 def node_dir(trial_dir: Path, rank: int) -> Path:
@@ -148,27 +215,73 @@ def node_reports(trial_dir: Path, nnodes: int) -> list[dict[str, Any]]:
     return reports
 
 
-def lost_nodes(reports: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
-    """The nodes whose part did not end by itself (killed without a word: a node that died, or
-    one the launcher ended; or never started), as a named cause; None when every part ended."""
-    def names(selected: list[Mapping[str, Any]]) -> str:
-        return ", ".join(f"{r['node']}" + (f" ({r['host']})" if "host" in r else "") for r in selected)
-
-    killed = [r for r in reports if r.get("started", True) and "returncode" not in r]
-    never = [r for r in reports if not r.get("started", True)]
-    parts = ([f"node {names(killed)} ended without an exit status (its part was killed: the node "
-              "died, or the launcher ended it)"] if killed else []) + \
-        ([f"node {names(never)} never started its part"] if never else [])
-    return {"type": "NodeLost", "message": "; ".join(parts)} if parts else None
+# srun's own words for a task the cgroup's OOM killer hit ("tasks 1-3" for several)
+SRUN_OOM = re.compile(r"srun: error: (\S+): tasks? ([0-9][0-9,\-]*): Out Of Memory")
 
 
-def failed_nodes(reports: Sequence[Mapping[str, Any]]) -> str:
-    """"node 1 (host): torchrun exit status 137", for the nodes whose torchrun failed."""
-    return "; ".join(f"node {r['node']} ({r.get('host')}): torchrun exit status {r['returncode']}"
-                     for r in reports if r.get("returncode", 0) != 0)
+def srun_oom_nodes(launcher_text: str) -> set[int]:
+    """The tasks (one per node: the nodes) srun says ran out of memory."""
+    found: set[int] = set()
+    for match in SRUN_OOM.finditer(launcher_text):
+        for part in match.group(2).split(","):
+            low, _, high = part.partition("-")
+            if low.isdigit() and (high.isdigit() or not high):
+                found |= set(range(int(low), int(high or low) + 1))
+    return found
 
 
-def stderr_order(reports: Sequence[Mapping[str, Any]]) -> list[int]:
-    """Nodes whose stderr names the cause first: failed ones, then the rest, in node order."""
-    failed = [int(r["node"]) for r in reports if r.get("returncode", 1) != 0]
-    return failed + [int(r["node"]) for r in reports if int(r["node"]) not in failed]
+@dataclass(frozen=True)
+class Blame:
+    """Which node's part ended the trial, and how; the others that failed are collateral."""
+
+    node: int | None  # None: no node failed by itself (all never started, or all were stopped)
+    how: str  # "oom", "lost" (killed without a word), "failed", "never started", "stopped", "ok"
+    collateral: tuple[int, ...] = ()
+
+
+def blame(reports: Sequence[Mapping[str, Any]], tails: Mapping[int, str], launcher_text: str,
+          is_oom: Callable[[str], bool]) -> Blame:
+    """The cause among the nodes' parts. An OOM anywhere (srun's word, or a node's own stderr)
+    is the cause; then a part killed without being told to stop (its node died); then the part
+    that failed by itself first (`ended_unix`); a part the launcher told to stop before it ended
+    (`stop_unix`: --kill-on-bad-exit) is collateral, whatever it then reported."""
+    started = [r for r in reports if r.get("started", True)]
+    if not started:
+        return Blame(None, "never started")
+    told = {int(r["node"]): float(r["stop_unix"]) for r in reports if "stop_unix" in r}
+
+    def by_itself(r: Mapping[str, Any]) -> bool:
+        return int(r["node"]) not in told or float(r.get("ended_unix", math.inf)) < told[int(r["node"])]
+
+    bad = [r for r in reports if not r.get("started", True) or r.get("returncode", 1) != 0]
+    oom = sorted(srun_oom_nodes(launcher_text) |
+                 {int(r["node"]) for r in started if is_oom(tails.get(int(r["node"]), ""))})
+    lost = [int(r["node"]) for r in started if "returncode" not in r and by_itself(r)]
+    failed = sorted((float(r.get("ended_unix", math.inf)), int(r["node"])) for r in started
+                    if r.get("returncode", 0) != 0 and "returncode" in r and by_itself(r))
+    never = [int(r["node"]) for r in reports if not r.get("started", True)]
+    for how, nodes in (("oom", oom), ("lost", lost), ("failed", [n for _, n in failed]),
+                       ("never started", never)):
+        if nodes:
+            return Blame(nodes[0], how, tuple(int(r["node"]) for r in bad if int(r["node"]) != nodes[0]))
+    return Blame(None, "stopped" if bad else "ok", tuple(int(r["node"]) for r in bad))
+
+
+def describe_node(reports: Sequence[Mapping[str, Any]], node: int) -> str:
+    """"node 1 (host)" (the host where its part recorded one)."""
+    host = next((r.get("host") for r in reports if int(r["node"]) == node), None)
+    return f"node {node}" + (f" ({host})" if host else "")
+
+
+def blame_message(found: Blame, reports: Sequence[Mapping[str, Any]]) -> str:
+    """What a record says of the nodes: the cause first, then the collateral ones."""
+    if found.node is None:
+        return ""
+    report = next(r for r in reports if int(r["node"]) == found.node)
+    said = {"oom": "ran out of memory", "never started": "never started its part",
+            "lost": "ended without an exit status (its part was killed: the node died, or the "
+                    "launcher ended it)",
+            "failed": f"failed first (torchrun exit status {report.get('returncode')})"}[found.how]
+    collateral = ", ".join(str(n) for n in found.collateral)
+    return f"{describe_node(reports, found.node)} {said}" + \
+        (f"; node {collateral} ended after it (collateral)" if collateral else "")

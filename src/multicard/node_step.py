@@ -56,9 +56,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def describe_node(rank: int, command: list[str]) -> dict[str, Any]:
+def describe_node(rank: int, command: list[str], ranks_per_node: int) -> dict[str, Any]:
     """Who ran this node's part, and with what allocation."""
     return {"node": rank, "host": socket.gethostname(), "pid": os.getpid(),
+            "ranks_per_node": ranks_per_node, "python": sys.executable,
             "cpus_allowed": launch.allocated_cpus(), "started_unix": round(time.time(), 3),
             "slurm": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_")},
             "argv": command}
@@ -75,22 +76,34 @@ def main(argv: list[str] | None = None) -> int:
     if telemetry.visible_gpus():  # a GPU node: this node's part of the trial sees its own GPUs only
         extra |= launch.own_gpus("cuda", args.ranks_per_node, os.environ.get("CUDA_VISIBLE_DEVICES"))
     env = launch.trial_env({**os.environ, **extra}, args.ranks_per_node, launch.allocated_cpus())
-    command = [word.replace(launch.NODE_RANK_SLOT, str(rank)) for word in args.command]
+    command = [word.replace(launch.NODE_RANK_SLOT, str(rank)).replace(cluster.PYTHON_SLOT, sys.executable)
+               for word in args.command]
     where = cluster.node_dir(args.dir, rank)
     where.mkdir(parents=True, exist_ok=True)
-    report = describe_node(rank, command)
+    report = describe_node(rank, command, args.ranks_per_node)
     artifact.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
+    if rank == 0 and (problem := cluster.endpoint_problem(command)):  # fail now, not at the timeout
+        print(f"multicard.node_step: error: {problem}", file=sys.stderr)
+        (where / "stderr.log").write_text(f"multicard.node_step: error: {problem}\n")
+        report |= {"returncode": 2, "ended_unix": round(time.time(), 3), "error": problem}
+        artifact.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
+        return 2
     if args.page_cache:
         page_cache.apply(args.page_cache, args.page_cache_tree)
-    returncode = run_forwarding_signals(command, env, where, args.dir)
-    report |= {"returncode": returncode, "wall_s": round(time.time() - report["started_unix"], 3)}
+    returncode = run_forwarding_signals(command, env, where, args.dir, report)
+    ended = time.time()
+    report |= {"returncode": returncode, "ended_unix": round(ended, 3),
+               "wall_s": round(ended - report["started_unix"], 3)}
     artifact.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
     return returncode if returncode >= 0 else 128 - returncode
 
 
-def run_forwarding_signals(command: list[str], env: dict[str, str], where: Path, trial_dir: Path) -> int:
+def run_forwarding_signals(command: list[str], env: dict[str, str], where: Path, trial_dir: Path,
+                           report: dict[str, Any]) -> int:
     """torchrun as a child: it dies with this process (a node part killed with SIGKILL leaves no
-    trainer behind), and a stop the launcher sends (srun forwards scancel's SIGTERM) reaches it."""
+    trainer behind), and a stop the launcher sends (srun forwards scancel's SIGTERM, and ends
+    the other nodes' parts when one fails) reaches it. The first stop is written to node.json
+    at once, before a KILL can follow: what ended this part was another's failure."""
     parent = os.getpid()
     launch.become_subreaper()
     # this node's ranks ask, mid-epoch, to be looked at from outside (multicard.observe)
@@ -100,6 +113,9 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], where: Path,
                                  preexec_fn=lambda: launch.set_parent_death_signal(parent))
 
         def forward(signum: int, frame: FrameType | None) -> None:
+            if "stop_unix" not in report:
+                report.update(stop_signal=signal.Signals(signum).name, stop_unix=round(time.time(), 3))
+                artifact.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
             child.send_signal(signum)
 
         for sig in FORWARDED:

@@ -31,8 +31,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from multicard import (
     adaptive,
     artifact,
@@ -44,7 +42,9 @@ from multicard import (
     gpu_state,
     kinds,
     launch,
+    locks,
     observe,
+    preflight,
     store,
     telemetry,
 )
@@ -59,7 +59,9 @@ STDERR_TAIL_CHARS = 4000
 # SIGTERM, then SIGKILL for what is left: well inside Slurm's KillWait (30 s by default)
 KILL_GRACE_S = 5.0
 OOM_PATTERNS = ("CUDA out of memory", "OutOfMemoryError", "out of memory",
-                "DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
+                "DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory",
+                # Slurm's cgroup OOM killer, in slurmstepd's and srun's words
+                "oom_kill event", "oom-kill event", ": Out Of Memory")
 # Causes that a traceback's exception type would hide (a DataLoader worker dying shows up as a
 # RuntimeError); the first pattern found in the stderr tail names the failure.
 CAUSES = (
@@ -77,7 +79,21 @@ CAUSES = (
 _EXCEPTION_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception)):\s*(.*)$")
 
 
-class StorageFull(Exception):  # noqa: N818 (a condition of the machine, reported as such)
+class RunStopped(Exception):  # noqa: N818 (a condition of the machine, reported as such)
+    """The run cannot go on on this machine or cluster; one line says why (exit status 1)."""
+
+
+class ClusterFailure(RunStopped):
+    """The nodes cannot run trials: the preflight failed, or trials in a row never started."""
+
+
+# trials in a row that started on no node before the run stops (a launcher that broke mid-run)
+MAX_UNSTARTED = 3
+# how long a run waits for another preparing the same inputs in a shared cache
+PREPARE_WAIT_S = 3600.0
+
+
+class StorageFull(RunStopped):
     """The run directory's file system is full (or over quota): the run stops; every record
     written before stays, and the same command resumes once there is space."""
 
@@ -98,6 +114,7 @@ class RunOutcome:
     failed: int
     skipped: int  # configs this machine cannot run (reason recorded)
     already_ok: int  # trials a previous invocation finished
+    left: int = 0  # trials not started: they would have outrun the deadline
 
 
 def utc_now() -> str:
@@ -115,11 +132,13 @@ class Nodes:
 
 def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], None] = print,
         data_dir: Path | None = None, trace: str | None = None,
-        nodes: Nodes | None = None) -> RunOutcome:
+        nodes: Nodes | None = None, deadline_unix: float | None = None) -> RunOutcome:
     """Run (or resume) `spec` into `out`; `trace` overrides the spec's `[trials].trace`.
 
-    A trial with nnodes > 1 is one step of `nodes.launcher` (one part per node, multicard.cluster);
-    this process alone plans, and alone writes `out`'s records.
+    A trial with nnodes > 1 is one step of `nodes.launcher` (one part per node, multicard.cluster),
+    after a preflight step over the nodes; this process alone plans, and alone writes `out`'s
+    records. No trial starts whose estimate reaches past `deadline_unix` (a job's time limit):
+    the run ends there with the rest left for the next (`RunOutcome.left`).
     """
     if any(int(s["nnodes"]) > 1 for _, _, s in specmod.configs(spec)) and nodes is None:
         raise InputError(f"{spec.path}: nnodes > 1 needs --rdzv-endpoint HOST:PORT (on the first "
@@ -134,19 +153,15 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"{out}: cannot create the run directory ({exc.strerror})") from None
-    lock = FileLock(str(out / ".run.lock"), timeout=0)
     try:
-        lock.acquire()
-    except Timeout:
-        raise InputError(f"{out}: another multicard run is using this directory") from None
-    try:
-        data_dir = (data_dir or mnist.default_root()).resolve()
-        with stop_on_signals():
-            _prepare(spec, out, data_dir)
-            _prepare_inputs(spec, out, data_dir, echo)
-            outcome = _run_pending(spec, out, data_dir, echo, nodes)
-            _record_gpus_at_end(out)
-            return outcome
+        with locks.run_lock(out):
+            data_dir = (data_dir or mnist.default_root()).resolve()
+            with stop_on_signals():
+                _prepare(spec, out, data_dir)
+                _prepare_inputs(spec, out, data_dir, echo)
+                outcome = _run_pending(spec, out, data_dir, echo, nodes, deadline_unix)
+                _record_gpus_at_end(out)
+                return outcome
     except Interrupted as stop:
         stop.out = out
         raise
@@ -158,8 +173,6 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
         raise StorageFull(f"{out}: {exc.strerror}{where}; the run stopped with {kept} record(s) "
                           f"kept in {store.TRIALS_FILE}; free some space and run the same command "
                           "to resume") from None
-    finally:
-        lock.release()
 
 
 def resolve_trace(spec: Spec, mode: str, echo: Callable[[str], None]) -> str:
@@ -221,24 +234,19 @@ def _prepare_inputs(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str],
 def _prepare_lock(cache: Path, echo: Callable[[str], None]) -> Iterator[None]:
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(cache / PREPARE_LOCK))
-        lock.acquire(timeout=0)
-    except Timeout:
-        echo(f"waiting for another run preparing inputs in {cache}")
-        lock.acquire()
+        locks.check_flock(cache / PREPARE_LOCK)
     except OSError as exc:
         if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
             raise
         yield  # a read-only cache: nothing can be prepared into it, only checked
         return
-    try:
+    with locks.waiting_lock(cache / PREPARE_LOCK, f"another run preparing inputs in {cache}",
+                            PREPARE_WAIT_S, echo):
         yield
-    finally:
-        lock.release()
 
 
 def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], None],
-                 nodes: Nodes | None = None) -> RunOutcome:
+                 nodes: Nodes | None = None, deadline_unix: float | None = None) -> RunOutcome:
     trials_file = out / store.TRIALS_FILE
     records = store.read(trials_file)
     done = store.finished(records)
@@ -251,40 +259,135 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
     echo(f"{spec.name} ({spec.profile}): {len(planned)} trials planned, "
          f"{sum(p.key in done for p in planned)} already ok{censored}, {len(todo)} to run, "
          f"estimated {format_duration(sum(estimates))}")
-    ok = failed = skipped = 0
-    walls: list[float] = []
     machine = kinds.this_machine(_check_devices(spec, todo))
+    (out / LEFT_FILE).unlink(missing_ok=True)  # says what the last invocation left, if anything
+    across = [p for p in todo if int(p.params["nnodes"]) > 1
+              and not kinds.KINDS[spec.workload].unrunnable(p.params, p.trace, machine)]
+    if nodes is not None and across:
+        _preflight(spec, out, nodes, across, echo)
+    tally = Tally(len(todo), echo)
     rounds = RoundKeeper(spec, trials_file, out / AUTO_FILE, echo)
     for index, planned_trial in enumerate(todo):
         if not rounds.wanted(planned_trial):
             continue
         reason = kinds.KINDS[spec.workload].unrunnable(planned_trial.params, planned_trial.trace,
                                                        machine)
+        needed = time_needed(estimates[index], planned_trial, records)
+        if not reason and deadline_unix is not None and time.time() + needed > deadline_unix:
+            tally.left = len(todo) - index
+            _leave_for_later(out, describe(planned_trial), needed, deadline_unix, tally.left, echo)
+            break
         GATE.check()  # a stop that came while the last record was written
-        if reason:
-            record = skipped_record(spec, planned_trial, *reason)
-        else:
-            try:
-                record = run_trial(spec, planned_trial, out, data_dir, nodes)
-            except Interrupted as stop:
-                if stop.record:  # the attempt in flight: ended, and recorded as interrupted
-                    append_record(trials_file, stop.record)
-                raise
+        record = skipped_record(spec, planned_trial, *reason) if reason else \
+            _run_recorded(spec, planned_trial, out, data_dir, nodes, trials_file)
         append_record(trials_file, record)
         GATE.check()  # a stop that came after the trial ended: its record is safe now
-        if record["status"] != "skipped":
-            walls.append(record["wall_s"])
-        ok += record["status"] == "ok"
-        skipped += record["status"] == "skipped"
-        failed += record["status"] not in ("ok", "skipped")
-        remaining = len(todo) - index - 1
-        eta = sum(walls) / len(walls) * remaining if walls else 0.0
-        echo(f"[{index + 1:>{len(str(len(todo)))}}/{len(todo)}] {describe(planned_trial)}: "
-             f"{record['status']} in {record['wall_s']:.1f} s | ETA {format_duration(eta)}")
+        tally.add(record, f"{describe(planned_trial)}", index)
     rounds.finish()
-    reasons = " (reasons in the records)" if skipped else ""
-    echo(f"{spec.name}: {ok} ok, {failed} failed, {skipped} skipped{reasons}; records in {trials_file}")
-    return RunOutcome(out, ok + failed + skipped, ok, failed, skipped, len(planned) - len(todo))
+    return tally.outcome(spec.name, out, trials_file, len(planned) - len(todo))
+
+
+LEFT_FILE = "left.json"
+
+
+def _leave_for_later(out: Path, what: str, needed: float, deadline_unix: float, left: int,
+                     echo: Callable[[str], None]) -> None:
+    """The run stops before a trial that would outrun the deadline; left.json says so (a Slurm
+    template requeues the job when it finds the file)."""
+    time_left = max(0.0, deadline_unix - time.time())
+    echo(f"not started: {what} needs about {format_duration(needed)}, {format_duration(time_left)} "
+         f"are left before the deadline; {left} trial(s) left for the next run")
+    artifact.write_text_atomic(out / LEFT_FILE, json.dumps(
+        {"left": left, "next": what, "needed_s": round(needed, 1), "time_left_s": round(time_left, 1),
+         "deadline_unix": deadline_unix}, indent=1))
+
+
+def _run_recorded(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path, nodes: Nodes | None,
+                  trials_file: Path) -> dict[str, Any]:
+    """The trial's record; a stop mid-trial records the attempt in flight as interrupted."""
+    try:
+        return run_trial(spec, planned, out, data_dir, nodes)
+    except Interrupted as stop:
+        if stop.record:  # the attempt in flight: ended, and recorded as interrupted
+            append_record(trials_file, stop.record)
+        raise
+
+
+def time_needed(estimate: float, planned: PlannedTrial, records: list[dict[str, Any]]) -> float:
+    """How long a trial will take at least: the estimate, or longer when an earlier attempt of it
+    ran longer before it was interrupted (a trial that outran a job's time limit would otherwise
+    be started, and interrupted, in every requeued job)."""
+    earlier = [float(r.get("wall_s") or 0.0) for r in records
+               if r.get("config_id") == planned.config_id and r.get("trial") == planned.trial
+               and r.get("trace", "none") == planned.trace]
+    return max([estimate, *earlier])
+
+
+class Tally:
+    """The run's counts and ETA line after each record; stops the run when trials in a row
+    never started on any node (the launcher broke: each further trial would fail the same way)."""
+
+    def __init__(self, todo: int, echo: Callable[[str], None]) -> None:
+        self.todo, self.echo = todo, echo
+        self.ok = self.failed = self.skipped = self.left = self.unstarted = 0
+        self.walls: list[float] = []
+
+    def add(self, record: dict[str, Any], what: str, index: int) -> None:
+        status = record["status"]
+        if status != "skipped":
+            self.walls.append(record["wall_s"])
+        self.ok += status == "ok"
+        self.skipped += status == "skipped"
+        self.failed += status not in ("ok", "skipped")
+        remaining = self.todo - index - 1
+        eta = sum(self.walls) / len(self.walls) * remaining if self.walls else 0.0
+        self.echo(f"[{index + 1:>{len(str(self.todo))}}/{self.todo}] {what}: {status} in "
+                  f"{record['wall_s']:.1f} s | ETA {format_duration(eta)}")
+        error = record.get("error") or {}
+        self.unstarted = self.unstarted + 1 if error.get("type") == NOT_STARTED else 0
+        if self.unstarted >= MAX_UNSTARTED:
+            raise ClusterFailure(f"{self.unstarted} trials in a row started on no node (the last: "
+                                 f"{error['message']}); the run stops, their records say so; fix "
+                                 "the launcher and run the same command to resume")
+
+    def outcome(self, name: str, out: Path, trials_file: Path, already: int) -> RunOutcome:
+        reasons = " (reasons in the records)" if self.skipped else ""
+        left = f", {self.left} left for the next run" if self.left else ""
+        self.echo(f"{name}: {self.ok} ok, {self.failed} failed, {self.skipped} skipped{reasons}{left}; "
+                  f"records in {trials_file}")
+        return RunOutcome(out, self.ok + self.failed + self.skipped, self.ok, self.failed,
+                          self.skipped, already, self.left)
+
+
+def _preflight(spec: Spec, out: Path, nodes: Nodes, multi: list[PlannedTrial],
+               echo: Callable[[str], None]) -> None:
+    """One step over the nodes before the sweep (multicard.preflight), for the multi-node
+    trials to run; ClusterFailure, naming the first problem, when a node cannot run them."""
+    nnodes = max(int(p.params["nnodes"]) for p in multi)
+    gpus = max((int(p.params["gpus"]) for p in multi if p.params["device"] == "cuda"), default=0)
+    step_dir, attempt = _fresh_dir(out / preflight.DIR / "a")
+    rdzv = launch.Rendezvous(nodes.rdzv_endpoint, cluster.rendezvous_id(out, spec.name, "preflight", attempt),
+                             preflight.RDZV_TIMEOUT_S)
+    command = launch.torchrun_argv("multicard.preflight", ["--out", str(step_dir), "--device",
+                                                           "cuda" if gpus else "cpu"],
+                                   nproc_per_node=max(1, gpus), nnodes=nnodes, rdzv=rdzv)
+    argv = cluster.step_argv(nodes.launcher, nnodes, cluster.NodePart(step_dir, max(1, gpus), gpus, {}),
+                             command, os.environ)
+    artifact.write_text_atomic(step_dir / "launch.json", json.dumps({"argv": argv}, indent=1))
+    echo(f"preflight: one step over {nnodes} nodes")
+    t0 = time.monotonic()
+    returncode, timed_out, _, _ = _execute(argv, launch.trial_env(os.environ, max(1, gpus), None),
+                                           step_dir, preflight.TIMEOUT_S, False, [], False)
+    tails = {n: _tail(cluster.node_dir(step_dir, n) / "stderr.log") for n in range(nnodes)}
+    found = preflight.problems(step_dir, nnodes, gpus, returncode, timed_out,
+                               _tail(step_dir / "stderr.log"), tails)
+    wall = time.monotonic() - t0
+    artifact.write_text_atomic(out / preflight.SUMMARY, json.dumps(
+        preflight.summary(step_dir, nnodes, found, wall), indent=1))
+    if found:
+        raise ClusterFailure(f"preflight: {found[0]} ({len(found)} problem(s) in "
+                             f"{out / preflight.SUMMARY}); no trial was started")
+    echo(f"preflight: {nnodes} nodes passed in {wall:.1f} s")
 
 
 AUTO_FILE = "auto.json"
@@ -384,8 +487,13 @@ def format_duration(seconds: float) -> str:
 def _trial_dir(out: Path, planned: PlannedTrial) -> tuple[Path, int]:
     """raw/<config_id>-t<trial>[-<trace>]-a<attempt>: a new directory per attempt, never reused."""
     stem = f"{planned.config_id}-t{planned.trial}" + (f"-{planned.trace}" if planned.trace != "none" else "")
+    return _fresh_dir(out / "raw" / f"{stem}-a")
+
+
+def _fresh_dir(prefix: Path) -> tuple[Path, int]:
+    """PREFIX<N> for the first N that does not exist yet, made."""
     attempt = 0
-    while (path := out / "raw" / f"{stem}-a{attempt}").exists():
+    while (path := prefix.parent / f"{prefix.name}{attempt}").exists():
         attempt += 1
     path.mkdir(parents=True)
     return path, attempt
@@ -409,9 +517,10 @@ def trial_command(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path, 
     rdzv = launch.Rendezvous(nodes.rdzv_endpoint,
                              cluster.rendezvous_id(out, spec.name, trial_key, attempt))
     argv, extra_env = kind.command(settings, trial_dir, data_dir, kinds.TrialLaunch(planned.trace, rdzv))
-    step = cluster.step_argv(nodes.launcher, nnodes, trial_dir, gpus, {**wait_policy, **extra_env}, argv,
-                             kind.page_cache(settings, data_dir))
-    return step, launch.trial_env(os.environ, gpus, None)
+    part = cluster.NodePart(trial_dir, gpus, gpus if settings["device"] == "cuda" else 0,
+                            {**wait_policy, **extra_env}, kind.page_cache(settings, data_dir))
+    return cluster.step_argv(nodes.launcher, nnodes, part, argv, os.environ), \
+        launch.trial_env(os.environ, gpus, None)
 
 
 def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
@@ -457,13 +566,14 @@ def _finished_record(spec: Spec, planned: PlannedTrial, out: Path, trial_dir: Pa
                      wall: float, returncode: int | None, timed_out: bool,
                      sampled: dict[str, Any], not_sampled: dict[str, str]) -> dict[str, Any]:
     nnodes = int(settings["nnodes"])
-    reports = cluster.node_reports(trial_dir, nnodes) if nnodes > 1 else []
-    stderr_text = trial_stderr(trial_dir, reports)
     result = kind.result(trial_dir, settings)
-    status, error = classify(returncode, timed_out, stderr_text, result, spec.timeout_s,
-                             rank_failure(trial_dir) or cluster.lost_nodes(reports))
-    if error and error["type"] == "ExitCode" and reports:  # which node's torchrun said so
-        error["message"] += f" ({cluster.failed_nodes(reports)})"
+    if nnodes > 1:
+        reports = cluster.node_reports(trial_dir, nnodes)
+        status, error = _classify_nodes(trial_dir, reports, returncode, timed_out, result, spec.timeout_s)
+    else:
+        reports = []
+        status, error = classify(returncode, timed_out, _tail(trial_dir / "stderr.log"), result,
+                                 spec.timeout_s, rank_failure(trial_dir))
     traces = collect_traces(trial_dir, out) if planned.trace != "none" else {}
     return {
         "schema": store.SCHEMA,
@@ -499,20 +609,53 @@ def _finished_record(spec: Spec, planned: PlannedTrial, out: Path, trial_dir: Pa
 
 def summarize_node(report: dict[str, Any]) -> dict[str, Any]:
     """A node's part as the record keeps it (its full node.json stays in the trial directory)."""
-    return {k: report[k] for k in ("node", "host", "started", "returncode", "wall_s", "cpus_allowed")
-            if k in report}
+    return {k: report[k] for k in ("node", "host", "started", "returncode", "wall_s", "ended_unix",
+                                   "stop_signal", "stop_unix", "cpus_allowed") if k in report}
 
 
-def trial_stderr(trial_dir: Path, reports: list[dict[str, Any]]) -> str:
-    """The stderr tail a failure is classified by: the trial's own, and across nodes the tail of
-    the node that names the cause first (a failed one) after the launcher's lines."""
+NOT_STARTED = "NotStarted"
+
+
+def _classify_nodes(trial_dir: Path, reports: list[dict[str, Any]], returncode: int | None,
+                    timed_out: bool, result: dict[str, Any] | None, timeout_s: float
+                    ) -> tuple[str, dict[str, Any] | None]:
+    """(status, error) of a multi-node trial, classified from the node that ended it
+    (cluster.blame): its ranks' own words, its stderr after the launcher's; the error names the
+    node and the nodes it took down."""
     own = _tail(trial_dir / "stderr.log")
-    if not reports:
-        return own
-    first = cluster.stderr_order(reports)[0]
-    node = _tail(cluster.node_dir(trial_dir, first) / "stderr.log")
+    tails = {int(r["node"]): _tail(cluster.node_dir(trial_dir, int(r["node"])) / "stderr.log")
+             for r in reports}
+    found = cluster.blame(reports, tails, own, is_oom)
     quarter = STDERR_TAIL_CHARS // 4
-    return own[-quarter:] + node[-(STDERR_TAIL_CHARS - quarter):]
+    cause = tails.get(found.node if found.node is not None else 0, "")
+    tail = own[-quarter:] + cause[-(STDERR_TAIL_CHARS - quarter):]
+    said = cluster.blame_message(found, reports)
+    named = rank_failure(trial_dir, node_ranks(reports, found.node)) if found.node is not None else None
+    if found.how == "never started" and found.node is None:
+        named = {"type": NOT_STARTED, "message": f"no node started its part: the launcher exited "
+                 f"with status {returncode}{preflight.last_line(own, ': ')}"}
+    elif found.how in ("lost", "never started") and not named:
+        named = {"type": "NodeLost", "message": said}
+    status, error = classify(returncode, timed_out, tail, result, timeout_s, named)
+    if found.how == "oom" and status not in ("timeout", "oom"):  # the cause, whatever the ranks said
+        status, error = "oom", {"type": "OutOfMemory", "message": said, "stderr_tail": tail}
+    if error is not None and found.node is not None:
+        if said not in error["message"]:
+            error["message"] = f"{error['message']} ({said})"
+        error |= {"node": found.node, "collateral": list(found.collateral)}
+    return status, error
+
+
+def is_oom(text: str) -> bool:
+    return any(p in text for p in OOM_PATTERNS)
+
+
+def node_ranks(reports: list[dict[str, Any]], node: int | None) -> range | None:
+    """The global ranks of `node`'s part (static ranks: node R holds R*G .. R*G+G-1)."""
+    if node is None:
+        return None
+    per_node = next((int(r["ranks_per_node"]) for r in reports if "ranks_per_node" in r), None)
+    return range(node * per_node, (node + 1) * per_node) if per_node else None
 
 
 # Where traces land in a trial directory: nsys's SQLite export per rank, multicard's own Kineto
@@ -664,9 +807,13 @@ def _tail(path: Path) -> str:
         return ""
 
 
-def rank_failure(trial_dir: Path) -> dict[str, Any] | None:
-    """The cause a rank named itself (failure-rank<R>.json), the lowest rank's first."""
+def rank_failure(trial_dir: Path, ranks: range | None = None) -> dict[str, Any] | None:
+    """The cause a rank named itself (failure-rank<R>.json), the lowest rank's first (among
+    `ranks` where given: one node's)."""
     for path in sorted(trial_dir.glob("failure-rank*.json")):
+        if ranks is not None and not (path.stem[len("failure-rank"):].isdigit()
+                                      and int(path.stem[len("failure-rank"):]) in ranks):
+            continue
         try:
             found = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):

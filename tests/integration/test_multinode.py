@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from multicard import store
+from multicard import cluster, store
 from tests.helpers import ROOT, TINY_FIXED, write_spec
 
 pytestmark = pytest.mark.slow
@@ -46,9 +46,9 @@ def fake_slurm(tmp_path: Path, **scenario: str) -> dict[str, str]:
 
 
 def planner(spec: Path, out: Path, env: dict[str, str], endpoint: str,
-            timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+            timeout_s: float = 600, *more: str) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "multicard", "run", str(spec), "--nnodes", "2",
-            "--rdzv-endpoint", endpoint, "--out", str(out)]
+            "--rdzv-endpoint", endpoint, "--out", str(out), *more]
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
@@ -73,9 +73,16 @@ def test_two_consecutive_trials_meet_on_the_same_port(tmp_path: Path) -> None:
     records = store.read(out / "trials.jsonl")
     assert [(r["trial"], r["status"]) for r in records] == [(0, "ok"), (1, "ok")], records
     assert not (out / "nodes").exists()  # one planner, one trials.jsonl
-    first, second = steps(tmp_path)
-    assert first["argv"][:6] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--relative=0",
-                                 "--kill-on-bad-exit=1", "--label"]
+    check, first, second = steps(tmp_path)  # the preflight, then one step per trial
+    assert first["argv"][:7] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--relative=0",
+                                 "--kill-on-bad-exit=1", "--label", "--mpi=none"]
+    # the nodes get Slurm's variables and the listed ones only; CPU trials ask for no GPUs
+    exported = argv_value(first["argv"], "--export").split(",")
+    assert "OMP_NUM_THREADS" in exported and "FAKE_SRUN_STATE" not in exported
+    assert not any(word.startswith("--gpus-per-node") for word in first["argv"])
+    preflight = json.loads((out / "preflight.json").read_text())
+    assert preflight["ok"] and [n["all_reduce"] for n in preflight["nodes"]] == [3.0, 3.0]
+    assert check["ended"] <= first["started"]
     assert argv_value(first["argv"], "--rdzv-endpoint") == argv_value(second["argv"], "--rdzv-endpoint") \
         == endpoint
     assert argv_value(first["argv"], "--rdzv-id") != argv_value(second["argv"], "--rdzv-id")
@@ -100,14 +107,16 @@ def test_a_run_whose_node_1_died_mid_trial_resumes(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, fixed=longer, grid=ONE_CONFIG["grid"],
                       trials={"count": 2, "timeout_s": 300})
     out, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
-    # step 1 (the second trial): node 1 dies as soon as its rank (rank 1) is seen training
-    dying = fake_slurm(tmp_path, kill="1:1:0:numa/rank1-rank-*")
+    # step 2 (the second trial, after the preflight and the first): node 1 dies as soon as its
+    # rank (rank 1) is seen training
+    dying = fake_slurm(tmp_path, kill="2:1:0:numa/rank1-rank-*")
     done = planner(spec, out, dying, endpoint)
     assert done.returncode == 0, done.stdout + done.stderr
     first = store.read(out / "trials.jsonl")
     assert [(r["trial"], r["status"]) for r in first] == [(0, "ok"), (1, "failed")]
     lost = first[1]
-    assert lost["error"]["type"] == "NodeLost" and "1 (" in lost["error"]["message"], lost["error"]
+    assert lost["error"]["type"] == "NodeLost" and "node 1 (" in lost["error"]["message"], lost["error"]
+    assert lost["error"]["node"] == 1 and lost["error"]["collateral"] == [0]
     assert "returncode" not in lost["nodes"][1] and lost["nodes"][0].get("returncode") != 0
     assert lost["wall_s"] < 120  # the step ended with the node, no rendezvous waited out
 
@@ -124,7 +133,8 @@ def test_a_run_whose_node_1_died_mid_trial_resumes(tmp_path: Path) -> None:
 def test_a_node_that_starts_90_s_late_is_waited_for(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 1, "timeout_s": 400})
     out = tmp_path / "run"
-    done = planner(spec, out, fake_slurm(tmp_path, late="1:90"), f"127.0.0.1:{free_port()}")
+    # late in the trial's step (1), not in the preflight's (0)
+    done = planner(spec, out, fake_slurm(tmp_path, late="1:90:1"), f"127.0.0.1:{free_port()}")
     assert done.returncode == 0, done.stdout + done.stderr
     [record] = store.read(out / "trials.jsonl")
     assert record["status"] == "ok", record["error"]
@@ -203,3 +213,75 @@ def test_several_nodes_need_an_endpoint(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "multicard", "run", str(path), "--nnodes", "2",
                              "--out", str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_launcher_that_never_starts_stops_the_run_before_any_trial(tmp_path: Path) -> None:
+    # a wrong bind path, or no apptainer on the compute nodes, fails every node the same way
+    spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 20, "timeout_s": 300})
+    out = tmp_path / "run"
+    done = planner(spec, out, fake_slurm(tmp_path), f"127.0.0.1:{free_port()}", 120,
+                   "--launcher", "false", "--node-rank-env", "X")
+    assert done.returncode == 1, done.stdout + done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("multicard: error: preflight: no node started its part: the launcher "
+                           "exited with status 1") and "no trial was started" in line, line
+    assert store.read(out / "trials.jsonl") == []
+    assert json.loads((out / "preflight.json").read_text())["ok"] is False
+
+
+def test_trials_that_stop_starting_mid_run_stop_it(tmp_path: Path) -> None:
+    # the preflight (step 0) passes; from step 1 on srun cannot create a step any more
+    spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 5, "timeout_s": 300})
+    out = tmp_path / "run"
+    done = planner(spec, out, fake_slurm(tmp_path, fail_from="1"), f"127.0.0.1:{free_port()}")
+    assert done.returncode == 1, done.stdout + done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "3 trials in a row started on no node" in line and "Unable to create step" in line, line
+    records = store.read(out / "trials.jsonl")
+    assert [(r["trial"], r["status"], r["error"]["type"]) for r in records] == \
+        [(t, "failed", "NotStarted") for t in range(3)]
+    assert all(r["nodes"] == [{"node": 0, "started": False}, {"node": 1, "started": False}]
+               for r in records)
+
+
+def test_an_oom_on_node_1_is_recorded_as_node_1s_oom(tmp_path: Path) -> None:
+    # the cgroup OOM killer of node 1 kills its rank mid-training (step 1: the first trial);
+    # --kill-on-bad-exit then ends node 0's part, which is collateral, not the cause
+    longer = {**ONE_CONFIG["fixed"], "epochs": 4, "max_steps": 20, "train_subset": 512,
+              "numa_evidence": True}
+    spec = write_spec(tmp_path, fixed=longer, grid=ONE_CONFIG["grid"],
+                      trials={"count": 1, "timeout_s": 300})
+    out = tmp_path / "run"
+    done = planner(spec, out, fake_slurm(tmp_path, oom="1:1:0:numa/rank1-rank-*"),
+                   f"127.0.0.1:{free_port()}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    [record] = store.read(out / "trials.jsonl")
+    assert record["status"] == "oom", record["error"]
+    assert record["error"]["node"] == 1 and "node 1 (" in record["error"]["message"], record["error"]
+    assert "ran out of memory" in record["error"]["message"]
+    assert set(record["error"]["collateral"]) <= {0}
+
+
+def test_the_nodes_run_their_own_python_inside_the_step_wrapper(tmp_path: Path) -> None:
+    # The wrapper stands for `apptainer exec IMAGE`: it gives the node's part the image's PATH
+    # (here this environment's bin/ first), and the step exports no PATH or PYTHONPATH of the
+    # planner's; the node's part runs `python3` from there and fills in its own interpreter.
+    wrapper = tmp_path / "image"
+    wrapper.write_text(f'#!/bin/sh\nexport PATH="{Path(sys.executable).parent}:/usr/bin:/bin"\nexec "$@"\n')
+    wrapper.chmod(0o755)
+    spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 1, "timeout_s": 300})
+    out = tmp_path / "run"
+    done = planner(spec, out, fake_slurm(tmp_path), f"127.0.0.1:{free_port()}", 600,
+                   "--step-wrapper", str(wrapper))
+    assert done.returncode == 0, done.stdout + done.stderr
+    [record] = store.read(out / "trials.jsonl")
+    assert record["status"] == "ok", record["error"]
+    trial_step = steps(tmp_path)[1]["argv"]
+    exported = argv_value(trial_step, "--export").split(",")
+    assert "PATH" not in exported and "PYTHONPATH" not in exported
+    assert trial_step[trial_step.index(str(wrapper)) + 1:][:3] == ["python3", "-m", "multicard.node_step"]
+    assert sys.executable not in trial_step and cluster.PYTHON_SLOT in trial_step
+    trial_dir = next((out / "raw").iterdir())
+    node = node_json(trial_dir, 1)
+    assert node["python"] == str(Path(sys.executable).parent / "python3")
+    assert node["argv"][0] == node["python"]

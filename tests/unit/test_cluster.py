@@ -15,26 +15,50 @@ from multicard.errors import InputError
 from tests.helpers import ROOT
 
 
-def test_srun_steps_run_one_node_part_per_node(tmp_path: Path) -> None:
-    launcher = cluster.Launcher(("srun",), "SLURM_NODEID", ("apptainer", "exec", "x.sif"))
-    argv = cluster.step_argv(launcher, 3, tmp_path / "t", 4, {"B": "2", "A": "1"}, ["torchrun", "x"])
-    assert argv[:7] == ["srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--relative=0",
-                        "--kill-on-bad-exit=1", "--label"]
-    assert argv[7:10] == ["apptainer", "exec", "x.sif"]
-    assert argv[10:] == [sys.executable, "-m", "multicard.node_step", "--nnodes", "3",
-                        "--node-rank-env", "SLURM_NODEID", "--dir", str(tmp_path / "t"),
-                        "--ranks-per-node", "4", "--env", "A=1", "--env", "B=2", "--", "torchrun", "x"]
+def test_srun_steps_run_the_image_s_python_on_every_node(tmp_path: Path) -> None:
+    wrapper = ("/usr/bin/apptainer", "exec", "/x.sif")
+    launcher = cluster.Launcher(("srun",), "SLURM_NODEID", wrapper, "python3")
+    part = cluster.NodePart(tmp_path / "t", 4, 4, {"B": "2", "A": "1"})
+    host = {"PATH": "/host/bin", "PYTHONPATH": "/host/src", "VIRTUAL_ENV": "/host/venv",
+            "NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "8", "HOME": "/home/u", "SECRET": "x"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--no-python", sys.executable, "-m", "w"]
+    argv = cluster.step_argv(launcher, 3, part, command, host)
+    assert argv[:11] == ["srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--relative=0",
+                         "--kill-on-bad-exit=1", "--label", "--mpi=none",
+                         "--export=HOME,NCCL_DEBUG,OMP_NUM_THREADS", "--gpus-per-node=4", "--exact"]
+    assert argv[11:14] == ["/usr/bin/apptainer", "exec", "/x.sif"]
+    assert argv[14:] == ["python3", "-m", "multicard.node_step", "--nnodes", "3",
+                         "--node-rank-env", "SLURM_NODEID", "--dir", str(tmp_path / "t"),
+                         "--ranks-per-node", "4", "--env", "A=1", "--env", "B=2", "--",
+                         "{python}", "-m", "torch.distributed.run", "--no-python", "{python}", "-m", "w"]
+    assert not any(sys.executable in word or "/host/" in word for word in argv)
+
+
+def test_without_a_wrapper_the_nodes_run_the_planner_s_python_and_get_its_paths() -> None:
+    launcher = cluster.Launcher(("srun",), "SLURM_NODEID")
+    argv = cluster.step_argv(launcher, 2, cluster.NodePart(Path("t"), 1, 0, {}), ["x"],
+                             {"PATH": "/p", "PYTHONPATH": "/s", "SLURM_JOB_ID": "1"})
+    assert "--export=PATH,PYTHONPATH" in argv and argv[argv.index("--mpi=none") + 2] == sys.executable
+    assert not any(word.startswith("--gpus-per-node") for word in argv)  # a CPU trial
+    assert "--export=NONE" in cluster.step_argv(launcher, 2, cluster.NodePart(Path("t"), 1, 0, {}),
+                                                ["x"], {"SECRET": "x"})
 
 
 def test_another_launcher_is_used_as_given() -> None:
-    launcher = cluster.make_launcher("true -np {nnodes}", "OMPI_COMM_WORLD_RANK", "'a b' c", 3, {})
-    assert launcher == cluster.Launcher(("true", "-np", "{nnodes}"), "OMPI_COMM_WORLD_RANK", ("a b", "c"))
-    assert cluster.step_argv(launcher, 3, Path("t"), 1, {}, ["x"])[:5] == ["true", "-np", "3", "a b", "c"]
+    launcher = cluster.make_launcher("true -np {nnodes}", "OMPI_COMM_WORLD_RANK", "/a b c", 3, {})
+    assert launcher == cluster.Launcher(("true", "-np", "{nnodes}"), "OMPI_COMM_WORLD_RANK",
+                                        ("/a", "b", "c"), "python3")
+    part = cluster.NodePart(Path("t"), 1, 0, {})
+    assert cluster.step_argv(launcher, 3, part, ["x"], {})[:6] == ["true", "-np", "3", "/a", "b", "c"]
+    with pytest.raises(InputError, match="must be an absolute path"):
+        cluster.make_launcher("true", "X", "apptainer exec x.sif", 2, {})
+    assert cluster.make_launcher("true", "X", None, 2, {}, "/opt/py").node_python == "/opt/py"
 
 
 def test_every_node_sets_the_page_cache_it_is_given(tmp_path: Path) -> None:
     launcher = cluster.Launcher(("srun",), "SLURM_NODEID")
-    argv = cluster.step_argv(launcher, 2, tmp_path, 1, {}, ["x"], ("cold", tmp_path / "tree"))
+    part = cluster.NodePart(tmp_path, 1, 0, {}, ("cold", tmp_path / "tree"))
+    argv = cluster.step_argv(launcher, 2, part, ["x"], {})
     assert argv[argv.index("--page-cache"):argv.index("--")] == [
         "--page-cache", "cold", "--page-cache-tree", str(tmp_path / "tree")]
 
@@ -82,24 +106,52 @@ def write_node(trial: Path, node: int, **fields: object) -> None:
     (where / cluster.NODE_JSON).write_text(json.dumps({"node": node, "host": f"n{node}", **fields}))
 
 
+def oom(text: str) -> bool:
+    return "out of memory" in text
+
+
 def test_a_node_killed_mid_trial_is_named_not_the_nodes_it_took_down(tmp_path: Path) -> None:
-    write_node(tmp_path, 0, returncode=1)  # its ranks lost their peer
-    write_node(tmp_path, 1)  # killed: no exit status
+    write_node(tmp_path, 0, returncode=1, ended_unix=10.0)  # its ranks lost their peer
+    write_node(tmp_path, 1)  # killed: no exit status, and never told to stop
     reports = cluster.node_reports(tmp_path, 3)
     assert reports[2] == {"node": 2, "started": False}
-    assert cluster.lost_nodes(reports) == {"type": "NodeLost", "message": (
+    found = cluster.blame(reports, {}, "", oom)
+    assert found == cluster.Blame(1, "lost", (0, 2))
+    assert cluster.blame_message(found, reports) == (
         "node 1 (n1) ended without an exit status (its part was killed: the node died, or the "
-        "launcher ended it); node 2 never started its part")}
-    assert cluster.stderr_order(reports) == [0, 1, 2]
+        "launcher ended it); node 0, 2 ended after it (collateral)")
 
 
-def test_failed_nodes_are_named_for_the_message(tmp_path: Path) -> None:
-    write_node(tmp_path, 0, returncode=0)
-    write_node(tmp_path, 1, returncode=137)
+def test_the_first_node_to_fail_by_itself_is_the_cause_not_those_the_launcher_ended(tmp_path: Path) -> None:
+    # node 1 failed at t=10; srun (--kill-on-bad-exit) told node 0 to stop at t=11, and node 2
+    # was killed after KillWait without an exit status: both collateral
+    write_node(tmp_path, 0, returncode=143, ended_unix=12.0, stop_unix=11.0)
+    write_node(tmp_path, 1, returncode=1, ended_unix=10.0)
+    write_node(tmp_path, 2, stop_unix=11.0)
+    reports = cluster.node_reports(tmp_path, 3)
+    assert cluster.blame(reports, {}, "", oom) == cluster.Blame(1, "failed", (0, 2))
+    # two that failed by themselves: the earlier one
+    write_node(tmp_path, 3, returncode=1, ended_unix=9.5)
+    assert cluster.blame(cluster.node_reports(tmp_path, 4), {}, "", oom).node == 3
+
+
+def test_an_oom_anywhere_is_the_cause_whatever_ended_first(tmp_path: Path) -> None:
+    write_node(tmp_path, 0, returncode=1, ended_unix=10.0)  # its peer went away: it failed first
+    write_node(tmp_path, 1, returncode=1, ended_unix=11.0)
     reports = cluster.node_reports(tmp_path, 2)
-    assert cluster.lost_nodes(reports) is None  # a failure is classified from its stderr
-    assert cluster.failed_nodes(reports) == "node 1 (n1): torchrun exit status 137"
-    assert cluster.stderr_order(reports) == [1, 0]
+    srun_said = "srun: error: n1: task 1: Out Of Memory\n"
+    assert cluster.blame(reports, {}, srun_said, oom) == cluster.Blame(1, "oom", (0,))
+    assert cluster.blame(reports, {1: "RuntimeError: CUDA out of memory"}, "", oom).node == 1
+    assert cluster.srun_oom_nodes("srun: error: nid7: tasks 1-3,5: Out Of Memory") == {1, 2, 3, 5}
+
+
+def test_a_step_no_node_started_or_the_planner_stopped_blames_no_node(tmp_path: Path) -> None:
+    assert cluster.blame(cluster.node_reports(tmp_path, 2), {}, "", oom) == \
+        cluster.Blame(None, "never started")
+    write_node(tmp_path, 0, returncode=143, ended_unix=5.0, stop_unix=4.0)
+    write_node(tmp_path, 1, returncode=143, ended_unix=5.0, stop_unix=4.0)
+    assert cluster.blame(cluster.node_reports(tmp_path, 2), {}, "", oom) == \
+        cluster.Blame(None, "stopped", (0, 1))
 
 
 def node_step(tmp_path: Path, command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
@@ -113,7 +165,8 @@ def test_a_node_step_fills_its_rank_and_records_its_part(tmp_path: Path) -> None
     show = ("import os, sys; print(sys.argv[1], os.environ['EXTRA'], os.environ['OMP_NUM_THREADS'],"
             " os.environ['CUDA_DEVICE_ORDER'], os.environ['MULTICARD_NODE']); sys.exit(3)")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {"MY_NODE": "1"}
-    proc = node_step(tmp_path, [sys.executable, "-c", show, f"--node-rank={launch.NODE_RANK_SLOT}"], env)
+    # the planner's argv names its Python by a slot: the node's part runs its own
+    proc = node_step(tmp_path, [cluster.PYTHON_SLOT, "-c", show, f"--node-rank={launch.NODE_RANK_SLOT}"], env)
     assert proc.wait(timeout=60) == 3
     part = cluster.node_dir(tmp_path, 1)
     threads = max(1, launch.allocated_cpus() // 2)
@@ -121,7 +174,9 @@ def test_a_node_step_fills_its_rank_and_records_its_part(tmp_path: Path) -> None
                                                          "PCI_BUS_ID", "1"]
     report = json.loads((part / cluster.NODE_JSON).read_text())
     assert report["node"] == 1 and report["returncode"] == 3 and report["argv"][-1] == "--node-rank=1"
+    assert report["argv"][0] == sys.executable and report["ranks_per_node"] == 2
     assert report["cpus_allowed"] == launch.allocated_cpus() and report["wall_s"] >= 0
+    assert report["ended_unix"] >= report["started_unix"] and "stop_unix" not in report
 
 
 def test_a_node_step_passes_a_stop_on_and_leaves_no_orphan(tmp_path: Path) -> None:
@@ -148,4 +203,19 @@ def test_a_node_step_passes_a_stop_on_and_leaves_no_orphan(tmp_path: Path) -> No
             Path(f"/proc/{grandchild}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
         assert time.monotonic() < deadline, "the orphaned grandchild is still running"
         time.sleep(0.1)
-    assert json.loads((cluster.node_dir(tmp_path, 0) / cluster.NODE_JSON).read_text())["returncode"] == 7
+    report = json.loads((cluster.node_dir(tmp_path, 0) / cluster.NODE_JSON).read_text())
+    # told to stop by the launcher before it ended: collateral of another node's failure
+    assert report["returncode"] == 7 and report["stop_signal"] == "SIGTERM"
+    assert report["started_unix"] <= report["stop_unix"] <= report["ended_unix"]
+
+
+def test_node_0_refuses_an_endpoint_that_is_not_its_own(tmp_path: Path) -> None:
+    # 192.0.2.1 is TEST-NET-1: never an address of this host
+    elsewhere = [cluster.PYTHON_SLOT, "-m", "torch.distributed.run", "--rdzv-endpoint=192.0.2.1:29400"]
+    proc = node_step(tmp_path, elsewhere, {"MY_NODE": "0"})
+    assert proc.wait(timeout=60) == 2
+    report = json.loads((cluster.node_dir(tmp_path, 0) / cluster.NODE_JSON).read_text())
+    assert report["returncode"] == 2 and "is not an address of node 0" in report["error"]
+    assert cluster.endpoint_problem(["--rdzv_endpoint=127.0.0.1:1"]) is None  # tune run's spelling
+    assert cluster.endpoint_problem(["--rdzv-endpoint=localhost:1"]) is None
+    assert "does not resolve" in str(cluster.endpoint_problem(["--rdzv-endpoint=no-such-host.invalid:1"]))

