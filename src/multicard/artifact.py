@@ -257,7 +257,7 @@ def capture_env(data_dir: Path | None = None) -> dict[str, Any]:
                       # a base that is not NGC (the stand-in) says so here
                       "base_note": os.environ.get("MULTICARD_BASE_NOTE")},
         "env": {k: os.environ[k] for k in ENV_VARS if k in os.environ},
-        "storage": _storage(data_dir) if data_dir else None,
+        "storage": storage(data_dir) if data_dir else None,
     }
 
 
@@ -375,7 +375,7 @@ def _git() -> dict[str, Any]:
         return {"sha": os.environ.get("MULTICARD_GIT_SHA"), "dirty": None}
 
 
-def _storage(path: Path) -> dict[str, Any]:
+def storage(path: Path) -> dict[str, Any]:
     """Filesystem and disk type under `path` (the review asked what "HDD" meant)."""
     path = path.resolve()
     best: tuple[str, str, str] | None = None

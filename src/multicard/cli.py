@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -357,6 +358,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     nnodes = max(int(settings["nnodes"]) for _, _, settings in spec.configs(s))
     out = args.out or Path("artifact/runs") / (
         f"{s.name}-{s.profile}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}")
+    if args.dry_run:
+        return _show_dry_run(s, out, args, nnodes)
     _check_out(out)
     outcome = runner.run(s, out, trace=args.trace, nodes=_nodes(args, nnodes) if nnodes > 1 else None,
                          deadline_unix=args.deadline if args.deadline is not None else _env_deadline())
@@ -365,6 +368,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"multicard: {outcome.left} trial(s) left for the next run (exit status 3): run the "
               "same command to go on", file=sys.stderr)
         return 3
+    return 0
+
+
+def _show_dry_run(s: Spec, out: Path, args: argparse.Namespace, nnodes: int) -> int:
+    from multicard import runner
+
+    nodes = _nodes(args, nnodes, check_allocation=False) if nnodes > 1 else None
+    shown = runner.dry_run(s, out, nodes=nodes)
+    for what, parts in shown:
+        print(what)
+        for part in parts:
+            print(f"  {shlex.join(part)}")
+    print(f"{len(shown)} trial(s) would start; nothing was started or written")
     return 0
 
 
@@ -399,7 +415,7 @@ def rendezvous_endpoint(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _nodes(args: argparse.Namespace, nnodes: int) -> Nodes:
+def _nodes(args: argparse.Namespace, nnodes: int, check_allocation: bool = True) -> Nodes:
     """How trials across nodes are launched; bad input when something is missing."""
     from multicard import cluster, runner
 
@@ -407,7 +423,7 @@ def _nodes(args: argparse.Namespace, nnodes: int) -> Nodes:
         raise InputError("run: nnodes > 1 needs --rdzv-endpoint HOST:PORT (the first node's host "
                          "and a free port below 32768, outside the ephemeral range)")
     launcher = cluster.make_launcher(args.launcher, args.node_rank_env, args.step_wrapper, nnodes,
-                                     os.environ, args.node_python)
+                                     os.environ, args.node_python, check_allocation)
     return runner.Nodes(launcher, args.rdzv_endpoint)
 
 
@@ -702,6 +718,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-python", metavar="PATH",
                    help="the Python of each node's part (default: python3 inside --step-wrapper, "
                         "else this one)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print each trial's command lines (across nodes: the launcher, each node's "
+                        "part, torchrun) and start nothing")
     p.add_argument("--deadline", type=deadline, metavar="@UNIX|ISO",
                    help="start no trial whose estimate reaches past this time (a job's time limit; "
                         "default $MULTICARD_DEADLINE); the rest is left for the next run (left.json), "

@@ -88,10 +88,12 @@ def step_exported(env: Mapping[str, str], launcher: Launcher) -> list[str]:
 
 
 def make_launcher(command: str, node_rank_env: str | None, step_wrapper: str | None,
-                  nnodes: int, env: Mapping[str, str], node_python: str | None = None) -> Launcher:
+                  nnodes: int, env: Mapping[str, str], node_python: str | None = None,
+                  check_allocation: bool = True) -> Launcher:
     """`--launcher`, `--node-rank-env`, `--step-wrapper` and `--node-python` as given, for
     trials of up to `nnodes` nodes; bad input otherwise (srun outside an allocation would queue
-    a new job per trial; more nodes than the job has would never start)."""
+    a new job per trial; more nodes than the job has would never start). `check_allocation`
+    False: only to show the lines (`run --dry-run` on a login node)."""
     try:
         words = tuple(shlex.split(command))
         wrapper = tuple(shlex.split(step_wrapper or ""))
@@ -100,7 +102,8 @@ def make_launcher(command: str, node_rank_env: str | None, step_wrapper: str | N
     if not words:
         raise InputError("--launcher: expected a command, got an empty string")
     if words == ("srun",):
-        _check_allocation(env, nnodes)
+        if check_allocation:
+            _check_allocation(env, nnodes)
         variable = node_rank_env or "SLURM_NODEID"
     elif node_rank_env is None:
         raise InputError(f"--launcher {command!r}: give --node-rank-env VAR, the variable in which "
@@ -109,7 +112,7 @@ def make_launcher(command: str, node_rank_env: str | None, step_wrapper: str | N
         variable = node_rank_env
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", variable):
         raise InputError(f"--node-rank-env: expected a variable name, got {variable!r}")
-    if shutil.which(words[0]) is None:
+    if check_allocation and shutil.which(words[0]) is None:
         raise InputError(f"--launcher: {words[0]} is not on PATH (several nodes per trial are "
                          "started with srun under Slurm, or the launcher given with --launcher)")
     if wrapper and not Path(wrapper[0]).is_absolute():
@@ -161,6 +164,14 @@ def step_argv(launcher: Launcher, nnodes: int, part: NodePart, command: Sequence
         node_step += ["--page-cache", part.page_cache[0], "--page-cache-tree", str(part.page_cache[1])]
     portable = [PYTHON_SLOT if word == sys.executable else word for word in command]
     return [*words, *launcher.step_wrapper, *node_step, "--", *portable]
+
+
+def step_parts(argv: Sequence[str]) -> list[list[str]]:
+    """A step's argv cut where its programs meet: the launcher (with the step wrapper), each
+    node's part, and what that part starts (torchrun), for a reader."""
+    at = next(i for i in range(len(argv) - 2) if argv[i + 1:i + 3] == ["-m", "multicard.node_step"])
+    end = argv.index("--", at)
+    return [list(argv[:at]), list(argv[at:end]), list(argv[end + 1:])]
 
 
 def node_rank(env: Mapping[str, str], variable: str, nnodes: int) -> int:
@@ -285,3 +296,19 @@ def blame_message(found: Blame, reports: Sequence[Mapping[str, Any]]) -> str:
     collateral = ", ".join(str(n) for n in found.collateral)
     return f"{describe_node(reports, found.node)} {said}" + \
         (f"; node {collateral} ended after it (collateral)" if collateral else "")
+
+
+# NCCL's INFO lines (NCCL_DEBUG=INFO; the multi-node template's NCCL_DEBUG_SUBSYS=INIT,NET keeps
+# them to start-up): the network it chose, and each channel's transport between two ranks
+NCCL_NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
+NCCL_CHANNEL = re.compile(r"NCCL INFO Channel \d+/\d+ : \d+\[\S+\] -> \d+\[\S+\] (?:\[\w+\] )?via (\S+)")
+
+
+def nccl_transports(text: str) -> dict[str, Any] | None:
+    """The network and the transports NCCL used, from one node's log; None where NCCL said
+    nothing (a CPU trial, or NCCL_DEBUG unset)."""
+    networks = sorted(set(NCCL_NETWORK.findall(text)))
+    via = sorted({"/".join(found.split("/")[:2]) for found in NCCL_CHANNEL.findall(text)})
+    if not networks and not via:
+        return None
+    return {"network": networks, "transports": via}

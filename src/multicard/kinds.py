@@ -59,7 +59,8 @@ class Machine:
 
 
 def this_machine(gpus: list[devices.GpuIdentity]) -> Machine:
-    return Machine(gpus, numa.live(with_links=False), shutil.which("numactl") is not None,
+    # the NUMA policies bind within this job's CPUs and memory nodes, not the whole node's
+    return Machine(gpus, numa.allocated(numa.live(with_links=False)), shutil.which("numactl") is not None,
                    os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 

@@ -90,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.page_cache:
         page_cache.apply(args.page_cache, args.page_cache_tree)
+        where_tree = artifact.storage(args.page_cache_tree)
+        disk, why = page_cache.cold_reaches_disk(where_tree.get("fstype"))
+        report["page_cache"] = {"mode": args.page_cache, "storage": where_tree,
+                                **({"disk_cold": disk, "why": why} if args.page_cache == "cold" else {})}
     returncode = run_forwarding_signals(command, env, where, args.dir, report)
     ended = time.time()
     report |= {"returncode": returncode, "ended_unix": round(ended, 3),

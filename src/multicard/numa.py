@@ -18,11 +18,12 @@ DataLoader workers are forked from their rank and inherit its binding; the evide
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -277,6 +278,35 @@ def live(with_links: bool = True) -> Topology:
     return Topology(sysfs_nodes(), nvml_gpus(), links, _sysfs_distances())
 
 
+def within_allocation(topology: Topology, cpus: Iterable[int], memory_nodes: set[int] | None) -> Topology:
+    """The topology as an allocation sees it (Slurm's cgroup on part of a node, taskset, a
+    container's cpuset): each node's CPUs cut to the allowed ones, and no memory on a node it may
+    not allocate on. A policy then binds within the allocation, or is not applicable here (a
+    skipped config with its reason); numactl asked to bind outside it would fail the trial."""
+    allowed = set(cpus)
+    nodes = [replace(n, cpus=[c for c in n.cpus if c in allowed],
+                     memory_mb=n.memory_mb if memory_nodes is None or n.node in memory_nodes else 0)
+             for n in topology.nodes]
+    return replace(topology, nodes=nodes)
+
+
+def allowed_memory_nodes(status: str | None = None) -> set[int] | None:
+    """The memory nodes this process may allocate on (Mems_allowed_list of /proc/self/status);
+    None where it does not say."""
+    if status is None:
+        try:
+            status = Path("/proc/self/status").read_text()
+        except OSError:
+            return None
+    found = re.search(r"^Mems_allowed_list:\s*(\S+)", status, re.MULTILINE)
+    return set(parse_cpulist(found.group(1))) if found else None
+
+
+def allocated(topology: Topology) -> Topology:
+    """`topology` within this process's own allocation."""
+    return within_allocation(topology, os.sched_getaffinity(0), allowed_memory_nodes())
+
+
 # --- policies --------------------------------------------------------------------------------
 
 def home_node(topology: Topology, device: str, local_rank: int,
@@ -347,7 +377,7 @@ def numactl_args(policy: str, topology: Topology, home: int | None) -> list[str]
         spread = [n.node for n in _nodes(topology) if n.cpus and n.node in _with_memory(topology)]
         if len(spread) < 2:
             raise PolicyNotApplicableError("interleave needs two or more NUMA nodes with CPUs and "
-                                           f"memory; this machine has {len(spread)}")
+                                           f"memory; this machine (within its allocation) has {len(spread)}")
         return ["numactl", f"--interleave={','.join(map(str, spread))}"]
     if home is None:
         raise PolicyNotApplicableError("the rank's NUMA node is unknown (no NUMA affinity for its GPU)")
@@ -356,7 +386,8 @@ def numactl_args(policy: str, topology: Topology, home: int | None) -> list[str]
     elif policy == "remote":
         others = [n.node for n in _nodes(topology) if n.cpus and n.node != home]
         if not others:
-            raise PolicyNotApplicableError("remote needs a second NUMA node with CPUs; this machine has one")
+            raise PolicyNotApplicableError("remote needs a second NUMA node with CPUs; this machine "
+                                           "(within its allocation) has one")
         row = topology.distances.get(home, {})
         target = max(others, key=lambda n: (row.get(n, 0), -n))
     else:

@@ -23,7 +23,7 @@ def main(argv: list[str]) -> None:
     if len(argv) < 4 or argv[2] != "--":
         sys.exit("usage: python -m multicard.numa_bind POLICY DEVICE -- CMD...")
     policy, device, command = argv[0], argv[1], argv[3:]
-    prefix, own, sharing = binding(policy, device, numa.live(with_links=False),
+    prefix, own, sharing = binding(policy, device, numa.allocated(numa.live(with_links=False)),
                                    int(os.environ.get("LOCAL_RANK", "0")),
                                    int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                                    os.environ.get("CUDA_VISIBLE_DEVICES"), os.sched_getaffinity(0))

@@ -486,8 +486,11 @@ def format_duration(seconds: float) -> str:
 
 def _trial_dir(out: Path, planned: PlannedTrial) -> tuple[Path, int]:
     """raw/<config_id>-t<trial>[-<trace>]-a<attempt>: a new directory per attempt, never reused."""
-    stem = f"{planned.config_id}-t{planned.trial}" + (f"-{planned.trace}" if planned.trace != "none" else "")
-    return _fresh_dir(out / "raw" / f"{stem}-a")
+    return _fresh_dir(out / "raw" / f"{trial_stem(planned)}-a")
+
+
+def trial_stem(planned: PlannedTrial) -> str:
+    return f"{planned.config_id}-t{planned.trial}" + (f"-{planned.trace}" if planned.trace != "none" else "")
 
 
 def _fresh_dir(prefix: Path) -> tuple[Path, int]:
@@ -521,6 +524,25 @@ def trial_command(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path, 
                             {**wait_policy, **extra_env}, kind.page_cache(settings, data_dir))
     return cluster.step_argv(nodes.launcher, nnodes, part, argv, os.environ), \
         launch.trial_env(os.environ, gpus, None)
+
+
+def dry_run(spec: Spec, out: Path, data_dir: Path | None = None,
+            nodes: Nodes | None = None) -> list[tuple[str, list[list[str]]]]:
+    """What `run` would start, trial by trial, starting nothing and writing nothing: each trial
+    the run has still to do (by `out`'s records, where it has some) and its command lines (one
+    node: torchrun; several: the launcher, each node's part and torchrun, cluster.step_parts)."""
+    data_dir = (data_dir or mnist.default_root()).resolve()
+    records = store.read(out / store.TRIALS_FILE) if (out / store.TRIALS_FILE).exists() else []
+    skip = store.finished(records) | store.censored(records)
+    shown = []
+    for planned in (p for p in specmod.plan(spec) if p.key not in skip):
+        settings = dict(planned.params)
+        settings["seed"] = int(settings["seed"]) + planned.trial
+        argv, _ = trial_command(spec, planned, out, data_dir, out / "raw" / f"{trial_stem(planned)}-a0", 0,
+                                settings, nodes)
+        parts = cluster.step_parts(argv) if int(settings["nnodes"]) > 1 else [argv]
+        shown.append((describe(planned), parts))
+    return shown
 
 
 def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
@@ -603,14 +625,19 @@ def _finished_record(spec: Spec, planned: PlannedTrial, out: Path, trial_dir: Pa
         "error": error,
         "artifacts": sorted(p.relative_to(out).as_posix() for p in trial_dir.rglob("*") if p.is_file()),
         "returncode": returncode,
-        **({"nodes": [summarize_node(r) for r in reports]} if reports else {}),
+        **({"nodes": [summarize_node(r, trial_dir) for r in reports]} if reports else {}),
     }
 
 
-def summarize_node(report: dict[str, Any]) -> dict[str, Any]:
-    """A node's part as the record keeps it (its full node.json stays in the trial directory)."""
-    return {k: report[k] for k in ("node", "host", "started", "returncode", "wall_s", "ended_unix",
-                                   "stop_signal", "stop_unix", "cpus_allowed") if k in report}
+def summarize_node(report: dict[str, Any], trial_dir: Path) -> dict[str, Any]:
+    """A node's part as the record keeps it (its full node.json stays in the trial directory),
+    with the transports NCCL says it used there."""
+    kept = {k: report[k] for k in ("node", "host", "started", "returncode", "wall_s", "ended_unix",
+                                   "stop_signal", "stop_unix", "cpus_allowed", "page_cache") if k in report}
+    where = cluster.node_dir(trial_dir, int(report["node"]))
+    said = "".join(_tail(where / name, NCCL_LOG_CHARS) for name in ("stdout.log", "stderr.log"))
+    nccl = cluster.nccl_transports(said)
+    return kept | ({"nccl": nccl} if nccl else {})
 
 
 NOT_STARTED = "NotStarted"
@@ -798,10 +825,15 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _tail(path: Path) -> str:
+# how much of a node's log (its end) is searched for NCCL's start-up lines: a node's log is
+# short, its ranks' own lines and NCCL's INIT,NET ones
+NCCL_LOG_CHARS = 1 << 20
+
+
+def _tail(path: Path, chars: int = STDERR_TAIL_CHARS) -> str:
     try:
         with path.open("rb") as f:
-            f.seek(max(0, path.stat().st_size - STDERR_TAIL_CHARS))
+            f.seek(max(0, path.stat().st_size - chars))
             return f.read().decode("utf-8", errors="replace")
     except OSError:
         return ""

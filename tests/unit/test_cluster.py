@@ -219,3 +219,48 @@ def test_node_0_refuses_an_endpoint_that_is_not_its_own(tmp_path: Path) -> None:
     assert cluster.endpoint_problem(["--rdzv_endpoint=127.0.0.1:1"]) is None  # tune run's spelling
     assert cluster.endpoint_problem(["--rdzv-endpoint=localhost:1"]) is None
     assert "does not resolve" in str(cluster.endpoint_problem(["--rdzv-endpoint=no-such-host.invalid:1"]))
+
+
+# NCCL 2.x INFO lines as a node's log has them (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET):
+# hand-written in NCCL's format (no GPU cluster here); the busId form of the rank is older NCCL's
+NCCL_LOG = """\
+node8:81:95 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.1.0.8<0>
+node8:81:95 [0] NCCL INFO Using network IB
+node8:81:95 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read
+node8:81:95 [0] NCCL INFO Channel 01/0 : 1[1b000] -> 2[3d000] via P2P/IPC
+node8:81:95 [0] NCCL INFO Channel 00/0 : 3[3] -> 4[0] [send] via NET/IB/0/GDRDMA
+node8:81:95 [0] NCCL INFO Channel 00/0 : 7[3] -> 0[0] [receive] via NET/IB/1/GDRDMA
+"""
+
+
+def test_the_nccl_transports_a_node_used_are_read_from_its_log() -> None:
+    assert cluster.nccl_transports(NCCL_LOG) == {"network": ["IB"],
+                                                 "transports": ["NET/IB", "P2P/CUMEM", "P2P/IPC"]}
+    sockets = ("h:1:2 [0] NCCL INFO Using network Socket\n"
+               "h:1:2 [0] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [send] via NET/Socket/0\n")
+    assert cluster.nccl_transports(sockets) == {"network": ["Socket"], "transports": ["NET/Socket"]}
+    assert cluster.nccl_transports("a gloo trial's log\n") is None
+
+
+def test_a_step_s_argv_reads_as_launcher_node_part_and_torchrun() -> None:
+    argv = ["srun", "--nodes=2", "/usr/bin/apptainer", "exec", "/x.sif", "python3", "-m",
+            "multicard.node_step", "--dir", "/t", "--", "{python}", "-m", "torch.distributed.run", "-m", "w"]
+    assert cluster.step_parts(argv) == [["srun", "--nodes=2", "/usr/bin/apptainer", "exec", "/x.sif"],
+                                        ["python3", "-m", "multicard.node_step", "--dir", "/t"],
+                                        ["{python}", "-m", "torch.distributed.run", "-m", "w"]]
+
+
+def test_a_dry_run_prints_each_trial_s_lines_on_a_login_node_and_writes_nothing(tmp_path: Path) -> None:
+    from tests.helpers import write_spec
+
+    path = write_spec(tmp_path, grid={"precision": ["fp32", "bf16"]})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}  # no allocation
+    done = subprocess.run([sys.executable, "-m", "multicard", "run", str(path), "--dry-run", "--nnodes", "2",
+                           "--rdzv-endpoint", "node7:24242", "--out", str(tmp_path / "run"),
+                           "--step-wrapper", "/usr/bin/apptainer exec /x.sif"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "2 trial(s) would start; nothing was started or written"
+    assert [line.split()[0] for line in lines[1:4]] == ["srun", "python3", "'{python}'"]
+    assert "--rdzv-endpoint=node7:24242" in lines[3] and not (tmp_path / "run").exists()

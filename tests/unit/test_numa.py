@@ -261,3 +261,30 @@ def test_torchruns_socket_binding_is_shared_by_every_rank_of_the_sockets_nodes()
     assert (len(cpus), shared) == (48, 4)
     _, cpus, shared = numa_bind.binding("torchrun_node", "cuda", topology, 1, 4, None, range(24))
     assert (len(cpus), shared) == (24, 2) and numa.omp_threads(cpus, shared) == 12
+
+
+def test_a_job_on_one_socket_of_two_binds_within_its_allocation() -> None:
+    # Slurm's cgroup gave the job node 0's CPUs and memory only (Cpus_allowed, Mems_allowed):
+    # `remote` is not applicable there (a skipped config), where numactl would fail the trial
+    whole = load(TWO_SOCKETS)
+    node0 = whole.nodes[0]
+    job = numa.within_allocation(whole, node0.cpus, {0})
+    assert [n.cpus for n in job.nodes] == [node0.cpus, []]
+    assert job.nodes[1].memory_mb == 0 and job.nodes[0].memory_mb == node0.memory_mb
+    assert numa.numactl_args("local", job, 0) == ["numactl", "--cpunodebind=0", "--membind=0"]
+    with pytest.raises(numa.PolicyNotApplicableError, match="within its allocation"):
+        numa.numactl_args("remote", job, 0)
+    with pytest.raises(numa.PolicyNotApplicableError, match="within its allocation"):
+        numa.numactl_args("interleave", job, 0)
+    # half of each socket: both policies still bind, to the allowed half of the far node
+    half = [c for n in whole.nodes for c in n.cpus[: len(n.cpus) // 2]]
+    split = numa.within_allocation(whole, half, None)
+    assert numa.numactl_args("remote", split, 0) == ["numactl", "--cpunodebind=1", "--membind=1"]
+    assert split.nodes[1].cpus == whole.nodes[1].cpus[: len(whole.nodes[1].cpus) // 2]
+
+
+def test_the_memory_nodes_a_process_may_use_come_from_its_status() -> None:
+    assert numa.allowed_memory_nodes("Name:\tx\nMems_allowed:\t3\nMems_allowed_list:\t0-1,3\n") == {0, 1, 3}
+    assert numa.allowed_memory_nodes("Name:\tx\n") is None
+    # this process's own: every node it may allocate on is a node of the machine
+    assert numa.allowed_memory_nodes() <= {n.node for n in numa.live(with_links=False).nodes} | {0}

@@ -156,9 +156,11 @@ def test_unrunnable_configs_name_their_reason() -> None:
     assert kinds.vision_unrunnable({**cpu, "numa_policy": "local"}, "none", cpu_only) is None
     kind, reason = kinds.vision_unrunnable({**cpu, "numa_policy": "remote"}, "none", cpu_only)
     assert (kind, reason) == ("NumaPolicyNotApplicable",
-                              "remote needs a second NUMA node with CPUs; this machine has one")
+                              "remote needs a second NUMA node with CPUs; this machine (within its "
+                              "allocation) has one")
     kind, reason = kinds.vision_unrunnable({**cpu, "numa_policy": "interleave"}, "none", cpu_only)
-    assert reason == "interleave needs two or more NUMA nodes with CPUs and memory; this machine has 1"
+    assert reason == ("interleave needs two or more NUMA nodes with CPUs and memory; this machine "
+                      "(within its allocation) has 1")
     # whether numactl is installed is part of the machine handed in, not looked up here
     no_numactl = kinds.Machine([], one_node, numactl=False)
     assert kinds.vision_unrunnable({**cpu, "numa_policy": "local"}, "none", no_numactl) == (

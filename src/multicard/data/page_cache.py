@@ -12,6 +12,20 @@ import os
 from pathlib import Path
 
 MODES = ("as_is", "warm", "cold")
+# File systems whose data lives on servers: fadvise drops this client's cached pages only, and
+# the servers' caches (Lustre OSS, NFS server, GPFS NSD) may still hold the tree
+NETWORK_FS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "ceph", "9p", "fuse")
+
+
+def cold_reaches_disk(fstype: str | None) -> tuple[bool | None, str]:
+    """Whether `cold` means read from the disk on a file system of this type, and why (or why not)."""
+    if fstype is None:
+        return None, "the tree's file system is unknown"
+    if fstype.split(".")[0] in NETWORK_FS:
+        return False, (f"{fstype} is a network file system: cold drops this node's client cache "
+                       "only, the servers' may still hold the tree (stage it to node-local disk "
+                       "for a disk-cold read)")
+    return True, f"{fstype}: the tree's pages are dropped from this node's page cache"
 
 
 def _files(tree: Path) -> list[Path]:

@@ -22,3 +22,12 @@ def test_warm_reads_every_byte_and_cold_touches_every_file(tmp_path: Path, monke
     assert page_cache.evict(tmp_path) == 2
     assert advised == [os.POSIX_FADV_DONTNEED] * 2
     assert (tmp_path / "a" / "x.jpg").read_bytes() == b"1" * 5000  # data untouched
+
+
+def test_cold_reaches_the_disk_only_on_a_local_file_system() -> None:
+    assert page_cache.cold_reaches_disk("ext4")[0] is True
+    assert page_cache.cold_reaches_disk("xfs")[0] is True
+    for network in ("nfs4", "lustre", "gpfs", "fuse.sshfs"):
+        disk, why = page_cache.cold_reaches_disk(network)
+        assert disk is False and "client cache only" in why
+    assert page_cache.cold_reaches_disk(None) == (None, "the tree's file system is unknown")
