@@ -49,7 +49,7 @@ PYTHON_SLOT = "{python}"
 # nodes run the planner's own Python, without a step wrapper: then they are the same files).
 STEP_EXPORTED_PREFIXES = ("NCCL_", "GLOO_", "UCX_", "FI_", "OMP_", "TORCH_", "APPTAINER", "SINGULARITY")
 STEP_EXPORTED_NAMES = ("HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR")
-PLANNER_PYTHON_NAMES = ("PATH", "PYTHONPATH", "VIRTUAL_ENV")
+PLANNER_PYTHON_NAMES = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH")
 
 
 @dataclass(frozen=True)
