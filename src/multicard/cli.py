@@ -24,7 +24,7 @@ from multicard.errors import InputError
 
 if TYPE_CHECKING:  # the commands import what they need when they run: `multicard --help` stays fast
     from multicard.runner import Nodes
-    from multicard.spec import PlannedTrial, Spec
+    from multicard.spec import PlannedTrial, Shard, Spec
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -362,7 +362,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _show_dry_run(s, out, args, nnodes)
     _check_out(out)
     outcome = runner.run(s, out, trace=args.trace, nodes=_nodes(args, nnodes) if nnodes > 1 else None,
-                         deadline_unix=args.deadline if args.deadline is not None else _env_deadline())
+                         deadline_unix=args.deadline if args.deadline is not None else _env_deadline(),
+                         shard=_shard(args))
     print(f"next: multicard report {outcome.out}")
     if outcome.left:  # not a failure: the rest needs more time than was left
         print(f"multicard: {outcome.left} trial(s) left for the next run (exit status 3): run the "
@@ -375,13 +376,21 @@ def _show_dry_run(s: Spec, out: Path, args: argparse.Namespace, nnodes: int) -> 
     from multicard import runner
 
     nodes = _nodes(args, nnodes, check_allocation=False) if nnodes > 1 else None
-    shown = runner.dry_run(s, out, nodes=nodes)
+    shown = runner.dry_run(s, out, nodes=nodes, shard=_shard(args))
     for what, parts in shown:
         print(what)
         for part in parts:
             print(f"  {shlex.join(part)}")
     print(f"{len(shown)} trial(s) would start; nothing was started or written")
     return 0
+
+
+def _shard(args: argparse.Namespace) -> Shard | None:
+    """--shard I/N, else $MULTICARD_SHARD (the single-node template sets it in a job array)."""
+    from multicard import spec
+
+    text = args.shard or os.environ.get("MULTICARD_SHARD")
+    return spec.parse_shard(text) if text else None
 
 
 def _env_deadline() -> float | None:
@@ -718,6 +727,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-python", metavar="PATH",
                    help="the Python of each node's part (default: python3 inside --step-wrapper, "
                         "else this one)")
+    p.add_argument("--shard", metavar="I/N",
+                   help="run only part I of N of the plan (every N-th planned trial from I on; "
+                        "default $MULTICARD_SHARD), e.g. one task of a Slurm array each; `multicard "
+                        "report` merges the parts")
     p.add_argument("--dry-run", action="store_true",
                    help="print each trial's command lines (across nodes: the launcher, each node's "
                         "part, torchrun) and start nothing")

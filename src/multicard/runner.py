@@ -132,8 +132,10 @@ class Nodes:
 
 def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], None] = print,
         data_dir: Path | None = None, trace: str | None = None,
-        nodes: Nodes | None = None, deadline_unix: float | None = None) -> RunOutcome:
-    """Run (or resume) `spec` into `out`; `trace` overrides the spec's `[trials].trace`.
+        nodes: Nodes | None = None, deadline_unix: float | None = None,
+        shard: specmod.Shard | None = None) -> RunOutcome:
+    """Run (or resume) `spec` into `out`; `trace` overrides the spec's `[trials].trace`; with
+    `shard`, only that part of the plan (shard.json says which).
 
     A trial with nnodes > 1 is one step of `nodes.launcher` (one part per node, multicard.cluster),
     after a preflight step over the nodes; this process alone plans, and alone writes `out`'s
@@ -145,6 +147,9 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
                          "node) and a launcher (srun by default)")
     if why := kinds.refused_here(spec.workload):
         raise InputError(f"{spec.path}: {why}")
+    if shard and spec.auto:
+        raise InputError(f"{spec.path}: --shard with [trials].count = \"auto\": each part would decide "
+                         "when to stop from its own trials alone; give a number of trials")
     # everything that can refuse the run does so before a file is written
     spec = dataclasses.replace(spec, trials=trials or spec.trials,
                                trace=resolve_trace(spec, trace or spec.trace, echo))
@@ -157,9 +162,10 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
         with locks.run_lock(out):
             data_dir = (data_dir or mnist.default_root()).resolve()
             with stop_on_signals():
+                _check_shard(out, shard)
                 _prepare(spec, out, data_dir)
                 _prepare_inputs(spec, out, data_dir, echo)
-                outcome = _run_pending(spec, out, data_dir, echo, nodes, deadline_unix)
+                outcome = _run_pending(spec, out, data_dir, echo, nodes, deadline_unix, shard)
                 _record_gpus_at_end(out)
                 return outcome
     except Interrupted as stop:
@@ -201,6 +207,18 @@ def _prepare(spec: Spec, out: Path, data_dir: Path) -> None:
     if env_file.exists():  # a resumed run: keep the first environment, record this one beside it
         env_file = out / f"env-resume-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
     artifact.write_text_atomic(env_file, json.dumps(artifact.capture_env(data_dir), indent=1))
+
+
+def _check_shard(out: Path, shard: specmod.Shard | None) -> None:
+    """A run directory holds one part of the plan for good: a resume must ask for the same."""
+    held = store.read_shard(out)
+    if held is not None and held != shard:
+        raise InputError(f"{out}: holds part {held.index}/{held.count} of the plan; resume it with "
+                         f"--shard {held.index}/{held.count}, or use another --out")
+    if held is None and shard is not None and (out / "spec.toml").exists():
+        raise InputError(f"{out}: holds a run of the whole plan; a --shard needs another --out")
+    if shard is not None and held is None:
+        artifact.write_text_atomic(out / store.SHARD_FILE, json.dumps(dataclasses.asdict(shard)))
 
 
 def _record_gpus_at_end(out: Path) -> None:
@@ -246,17 +264,19 @@ def _prepare_lock(cache: Path, echo: Callable[[str], None]) -> Iterator[None]:
 
 
 def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], None],
-                 nodes: Nodes | None = None, deadline_unix: float | None = None) -> RunOutcome:
+                 nodes: Nodes | None = None, deadline_unix: float | None = None,
+                 shard: specmod.Shard | None = None) -> RunOutcome:
     trials_file = out / store.TRIALS_FILE
     records = store.read(trials_file)
     done = store.finished(records)
     late = store.censored(records) - done
-    planned = specmod.plan(spec)
+    planned = [p for p in specmod.plan(spec) if shard is None or shard.holds(p)]
     todo = [p for p in planned if p.key not in done and p.key not in late]
     estimates = [cost.trial_seconds(spec.workload, p.params) for p in todo]
     kept = sum(p.key in late for p in planned)
     censored = f", {kept} timed out (kept, censored: not run again)" if kept else ""
-    echo(f"{spec.name} ({spec.profile}): {len(planned)} trials planned, "
+    part = f", part {shard.index}/{shard.count} of the plan" if shard else ""
+    echo(f"{spec.name} ({spec.profile}{part}): {len(planned)} trials planned, "
          f"{sum(p.key in done for p in planned)} already ok{censored}, {len(todo)} to run, "
          f"estimated {format_duration(sum(estimates))}")
     machine = kinds.this_machine(_check_devices(spec, todo))
@@ -526,8 +546,8 @@ def trial_command(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path, 
         launch.trial_env(os.environ, gpus, None)
 
 
-def dry_run(spec: Spec, out: Path, data_dir: Path | None = None,
-            nodes: Nodes | None = None) -> list[tuple[str, list[list[str]]]]:
+def dry_run(spec: Spec, out: Path, data_dir: Path | None = None, nodes: Nodes | None = None,
+            shard: specmod.Shard | None = None) -> list[tuple[str, list[list[str]]]]:
     """What `run` would start, trial by trial, starting nothing and writing nothing: each trial
     the run has still to do (by `out`'s records, where it has some) and its command lines (one
     node: torchrun; several: the launcher, each node's part and torchrun, cluster.step_parts)."""
@@ -535,7 +555,7 @@ def dry_run(spec: Spec, out: Path, data_dir: Path | None = None,
     records = store.read(out / store.TRIALS_FILE) if (out / store.TRIALS_FILE).exists() else []
     skip = store.finished(records) | store.censored(records)
     shown = []
-    for planned in (p for p in specmod.plan(spec) if p.key not in skip):
+    for planned in (p for p in specmod.plan(spec) if p.key not in skip and (shard is None or shard.holds(p))):
         settings = dict(planned.params)
         settings["seed"] = int(settings["seed"]) + planned.trial
         argv, _ = trial_command(spec, planned, out, data_dir, out / "raw" / f"{trial_stem(planned)}-a0", 0,

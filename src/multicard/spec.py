@@ -589,6 +589,27 @@ def plan(spec: Spec, trials: int | None = None, trace: str | None = None) -> lis
     return planned
 
 
+@dataclass(frozen=True)
+class Shard:
+    """Part `index` of `count` of a plan: every count-th planned trial from `index` on, so each
+    part keeps the plan's interleaving of configs and rounds (a Slurm array runs the parts on
+    several nodes at once; `multicard report` merges them)."""
+
+    index: int
+    count: int
+
+    def holds(self, planned: PlannedTrial) -> bool:
+        return planned.order % self.count == self.index
+
+
+def parse_shard(text: str) -> Shard:
+    """`I/N` with 0 <= I < N; bad input otherwise."""
+    found = re.fullmatch(r"([0-9]{1,6})/([0-9]{1,6})", text.strip())
+    if not found or not int(found.group(1)) < int(found.group(2)):
+        raise InputError(f"--shard: expected I/N with 0 <= I < N (e.g. 0/4), got {text!r}")
+    return Shard(int(found.group(1)), int(found.group(2)))
+
+
 def level_rank(spec: Spec, key: str, value: Any) -> int:
     """Where `value` stands among the spec's own levels of `key` (fp64 before fp32, 1 GPU before
     2): tables, figures and verdicts list groups in this order; a level the grid lacks goes last."""

@@ -17,11 +17,15 @@ from typing import Any
 
 from filelock import FileLock
 
+from multicard.spec import Shard
+
 SCHEMA = 1
 # interrupted: the runner was told to stop mid-trial (SIGTERM, SIGHUP, Ctrl-C); not a failure of
 # the config, and a resume runs the trial again
 STATUSES = ("ok", "failed", "timeout", "oom", "skipped", "interrupted")
 TRIALS_FILE = "trials.jsonl"
+# a run of one part of a plan (`run --shard I/N`): {"index": I, "count": N}
+SHARD_FILE = "shard.json"
 LOCK_SUFFIX = ".lock"
 
 
@@ -128,3 +132,16 @@ def censored(records: Iterable[dict[str, Any]]) -> set[tuple[str, int, str]]:
 def _keys(records: Iterable[dict[str, Any]], status: str) -> set[tuple[str, int, str]]:
     return {(r["config_id"], r["trial"], r.get("trace", "none")) for r in records
             if r.get("status") == status}
+
+
+def read_shard(run_dir: Path) -> Shard | None:
+    """The part of the plan a run directory holds (shard.json), or None: the whole plan."""
+    try:
+        found = json.loads((run_dir / SHARD_FILE).read_text())
+        return Shard(int(found["index"]), int(found["count"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        from multicard.errors import InputError
+
+        raise InputError(f"{run_dir / SHARD_FILE}: expected {{\"index\": I, \"count\": N}} ({exc})") from None

@@ -391,3 +391,27 @@ def test_the_numa_section_says_which_page_cache_its_policies_read() -> None:
     assert _page_cache_note(paper).startswith("Every trial read a cold page cache")
     controls = spec.load(EXPERIMENTS / "numa_binding.toml", "controls")
     assert "read the policies' placement on the cold arm" in _page_cache_note(controls)
+
+
+def test_the_parts_of_a_sharded_plan_are_reported_as_one_run(tmp_path: Path) -> None:
+    from multicard.report.runs import load_run, merge_shards
+
+    parts = [constructed_run(tmp_path / f"table2-part{i}of2") for i in range(2)]
+    for i, part in enumerate(parts):
+        (part / store.SHARD_FILE).write_text(json.dumps({"index": i, "count": 2}))
+    # the second part ran other trials of the same configs (a shard holds its own rounds' share)
+    later = [json.loads(line) | {"trial": json.loads(line)["trial"] + 2}
+             for line in (parts[1] / "trials.jsonl").read_text().splitlines()]
+    (parts[1] / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in later))
+    out = tmp_path / "merged"
+    report.write_report(parts, out)
+    text = (out / "REPORT.md").read_text()
+    assert f"run in 2 parts (`{parts[0]}`, `{parts[1]}`)" in text
+    assert text.count("## Table 2") == 1
+    table = rows((out / "tables" / "table2_precision.md").read_text())
+    assert table[("fp64", "1")][2] == "4"  # n: both parts' two trials
+    # one part alone is not the plan: it stays a part, with its own share of the trials planned
+    alone = merge_shards([load_run(parts[0])])
+    assert len(alone) == 1 and alone[0].shard is not None and alone[0].parts == (parts[0],)
+    whole = merge_shards([load_run(p) for p in parts])
+    assert len(whole) == 1 and whole[0].planned == alone[0].planned + load_run(parts[1]).planned

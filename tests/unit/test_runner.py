@@ -355,3 +355,27 @@ def test_no_trial_starts_that_would_outrun_the_deadline(tmp_path: Path) -> None:
     assert left["left"] == 2 and left["needed_s"] > left["time_left_s"] == 0.0
     assert any(line.startswith("not started: precision=") and " trial 0 needs about " in line and
                line.endswith("; 2 trial(s) left for the next run") for line in said), said
+
+
+def test_a_shard_runs_its_part_of_the_plan_and_keeps_to_it(tmp_path: Path) -> None:
+    from multicard import spec
+    from multicard.errors import InputError
+    from tests.helpers import write_spec
+
+    s = spec.load(write_spec(tmp_path, grid={"precision": ["fp32", "bf16", "fp16"]}))
+    parts = [[p.order for p in spec.plan(s) if spec.parse_shard(f"{i}/2").holds(p)] for i in range(2)]
+    assert sorted(parts[0] + parts[1]) == [p.order for p in spec.plan(s)]
+    assert not set(parts[0]) & set(parts[1])
+    said: list[str] = []
+    # the deadline now: nothing starts, the part's plan is counted and shard.json written
+    runner.run(s, tmp_path / "p0", echo=said.append, deadline_unix=time.time(), shard=spec.Shard(0, 2))
+    assert said[0].startswith(f"tiny (paper, part 0/2 of the plan): {len(parts[0])} trials planned")
+    assert json.loads((tmp_path / "p0" / "shard.json").read_text()) == {"index": 0, "count": 2}
+    with pytest.raises(InputError, match="holds part 0/2 of the plan; resume it with --shard 0/2"):
+        runner.run(s, tmp_path / "p0", echo=said.append, deadline_unix=time.time(), shard=spec.Shard(1, 2))
+    runner.run(s, tmp_path / "whole", echo=said.append, deadline_unix=time.time())
+    with pytest.raises(InputError, match="holds a run of the whole plan"):
+        runner.run(s, tmp_path / "whole", echo=said.append, deadline_unix=time.time(), shard=spec.Shard(0, 2))
+    for bad in ("2/2", "1", "-1/2", "a/b"):
+        with pytest.raises(InputError, match="expected I/N with 0 <= I < N"):
+            spec.parse_shard(bad)

@@ -25,7 +25,8 @@ from tests.helpers import ROOT
 PLANNER = """
 line=$(printf '%q ' "$@")
 echo "${line% }" >> "$CALLS"
-echo "SRUN_CPUS_PER_TASK=${SRUN_CPUS_PER_TASK-unset} DEADLINE=${MULTICARD_DEADLINE-unset}" >> "$CALLS"
+echo "SRUN_CPUS_PER_TASK=${SRUN_CPUS_PER_TASK-unset} DEADLINE=${MULTICARD_DEADLINE-unset}" \\
+    "SHARD=${MULTICARD_SHARD-unset}" >> "$CALLS"
 trap 'echo "session stopped by TERM" >> "$CALLS"; kill "$!"; exit 143' TERM
 sleep "${FAKE_SESSION_S:-30}" & wait
 if [ -n "${FAKE_LEFT:-}" ]; then echo '{"left": 3}' > "$FAKE_LEFT/left.json"; fi
@@ -227,3 +228,17 @@ def test_the_templates_pass_shellcheck() -> None:
     for name in ("singlenode.sbatch", "multinode.sbatch", "report.sbatch", "job.sh"):
         done = subprocess.run([shellcheck, "-x", f"slurm/{name}"], cwd=ROOT, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout
+
+
+def test_a_job_array_runs_one_part_of_the_plan_per_task(tmp_path: Path) -> None:
+    env = fake_tools(tmp_path) | {"FAKE_SESSION_S": "0", "SLURM_ARRAY_TASK_ID": "6",
+                                  "SLURM_ARRAY_TASK_MIN": "4", "SLURM_ARRAY_TASK_COUNT": "4"}
+    subprocess.run(["bash", str(SINGLENODE), "table2"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True, timeout=20)
+    text = (tmp_path / "calls").read_text()
+    assert "--out /opt/multicard/artifact/runs/table2-part2of4" in text and "SHARD=2/4" in text
+    assert "slurm/report.sbatch table2-part2of4" in text
+    stepped = env | {"SLURM_ARRAY_TASK_STEP": "2"}
+    done = subprocess.run(["bash", str(SINGLENODE), "table2"], cwd=tmp_path, env=stepped,
+                          capture_output=True, text=True, timeout=20)
+    assert done.returncode == 2 and "must be a plain range" in done.stderr

@@ -19,7 +19,7 @@ from multicard import artifact, claims, cost, power, stats, summarize
 from multicard.report import html
 from multicard.report.figures import plot_breakdown, plot_ladder, plot_primary, plot_time_and_energy
 from multicard.report.formatting import label, run_nature
-from multicard.report.runs import RunData, discover_runs, load_run
+from multicard.report.runs import RunData, discover_runs, load_run, merge_shards
 from multicard.report.tables import (
     display_effects,
     display_pause_table,
@@ -39,14 +39,15 @@ def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | N
                  questions: list[claims.Claim] | None = None) -> Path:
     """Tables, figures and REPORT.md for every run under `dirs` (several runs merge into one
     report: their claims are judged together), then SHA256SUMS over `out`."""
-    runs = [load_run(p) for d in dirs for p in discover_runs(d)]
+    loaded = [load_run(p) for d in dirs for p in discover_runs(d)]
+    runs = merge_shards(loaded)  # the parts of a sharded plan judged as one run
     for derived in ("tables", "figures"):
         shutil.rmtree(out / derived, ignore_errors=True)
     (out / "tables").mkdir(parents=True, exist_ok=True)
     # the NUMA section's test with the tolerance the claims judge C10 by
     numa_tolerance = next((p.tolerance for c in claim_list or [] for p in (c.parts or (c,))
                            if p.kind == "numa" and p.tolerance is not None), summarize.PENALTY_TOLERANCE)
-    sections = [_environment_section(runs, out), _reading_section(runs), _budget_section(dirs),
+    sections = [_environment_section(loaded, out), _reading_section(runs), _budget_section(dirs),
                 _claims_section(runs, claim_list, out), _energy_section(runs, questions, out)]
     # the ladder's loader-only rung comes from the collection's loader_only runs
     loader_only: summarize.LoaderRates = {}
@@ -62,6 +63,13 @@ def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | N
     artifact.write_text_atomic(out / "REPORT.md", "\n".join([header, *(s for s in sections if s)]))
     html.write(out, "multicard report")
     return artifact.write_checksums(out)
+
+
+def _run_names(run: RunData, out: Path) -> str:
+    """`DIR`, or the parts of a sharded plan merged into this run."""
+    if len(run.parts) > 1:
+        return f"in {len(run.parts)} parts ({', '.join(f'`{_rel(p, out)}`' for p in run.parts)})"
+    return f"`{_rel(run.path, out)}`"
 
 
 def _unique(name: str, used: set[str]) -> str:
@@ -269,7 +277,7 @@ def _experiment_section(run: RunData, name: str, out: Path, echo: Callable[[str]
         + f" ({run_nature(spec)})",
         "",
         f"Experiment `{spec.name}` ({spec.paper or 'extension'}), profile `{spec.profile}`, "
-        f"run `{_rel(run.path, out)}`: {len(trials)} of {run.planned} planned trials ok"
+        f"run {_run_names(run, out)}: {len(trials)} of {run.planned} planned trials ok"
         f"{_pilot_text(summarize.pilot_count(spec, run.records))}, {_not_ok_text(failed)}; "
         f"a verdict needs {spec.min_ok} ok trials per arm"
         + (f"; speed-ups are over {', '.join(f'{k}={v}' for k, v in spec.baseline.items())}"

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from multicard import gpu_state, store
 from multicard import spec as specmod
 from multicard.errors import InputError
-from multicard.spec import Spec
+from multicard.spec import Shard, Spec
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,8 @@ class RunData:
     planned: int
     torn_lines: list[int] = field(default_factory=list)  # lines of trials.jsonl that were skipped
     gpus_at_end: list[dict[str, Any]] = field(default_factory=list)  # gpu_state.END_FILE
+    shard: Shard | None = None  # one part of the plan (store.SHARD_FILE); None: the whole plan
+    parts: tuple[Path, ...] = ()  # merged shards: every part's directory
 
 
 def is_run(path: Path) -> bool:
@@ -46,7 +48,38 @@ def load_run(path: Path) -> RunData:
     env = json.loads(env_path.read_text()) if env_path.exists() else {}
     records, torn = store.read_with_skipped(path / store.TRIALS_FILE)
     store.warn_skipped(path / store.TRIALS_FILE, torn)
-    timing = [p for p in specmod.plan(spec) if p.trace == "none"]
+    shard = store.read_shard(path)
+    timing = [p for p in specmod.plan(spec) if p.trace == "none" and (shard is None or shard.holds(p))]
     end = path / gpu_state.END_FILE
     gpus_at_end = json.loads(end.read_text()).get("gpus", []) if end.is_file() else []
-    return RunData(path, spec, env, records, planned=len(timing), torn_lines=torn, gpus_at_end=gpus_at_end)
+    return RunData(path, spec, env, records, planned=len(timing), torn_lines=torn, gpus_at_end=gpus_at_end,
+                   shard=shard, parts=(path,))
+
+
+def merge_shards(runs: list[RunData]) -> list[RunData]:
+    """The parts of one sharded plan (the same spec, the same count) as one run: their records
+    together and the whole plan's count, so that tables and verdicts see every trial; named by
+    the first part. A plan whose parts are not all here stays apart, part by part."""
+    groups: dict[tuple[str, int], list[RunData]] = {}
+    for run in runs:
+        if key := _shard_key(run):
+            groups.setdefault(key, []).append(run)
+    complete = {key: group for key, group in groups.items()
+                if sorted(run.shard.index for run in group if run.shard) == list(range(key[1]))}
+    merged = []
+    for run in runs:
+        group = complete.get(_shard_key(run) or ("", 0))
+        if group is None:
+            merged.append(run)
+        elif run is group[0]:
+            merged.append(replace(run, records=[r for part in group for r in part.records],
+                                  planned=sum(part.planned for part in group), shard=None,
+                                  torn_lines=[n for part in group for n in part.torn_lines],
+                                  parts=tuple(part.path for part in group)))
+    return merged
+
+
+def _shard_key(run: RunData) -> tuple[str, int] | None:
+    if run.shard is None:
+        return None
+    return specmod.to_toml(replace(run.spec, path=Path())), run.shard.count
