@@ -433,7 +433,8 @@ def _nodes(args: argparse.Namespace, nnodes: int, check_allocation: bool = True)
                          "and a free port below 32768, outside the ephemeral range)")
     launcher = cluster.make_launcher(args.launcher, args.node_rank_env, args.step_wrapper, nnodes,
                                      os.environ, args.node_python, check_allocation)
-    return runner.Nodes(launcher, args.rdzv_endpoint)
+    stage = args.stage_dir or os.environ.get("MULTICARD_STAGE_DIR")
+    return runner.Nodes(launcher, args.rdzv_endpoint, Path(stage) if stage else None)
 
 
 def _check_out(out: Path) -> None:
@@ -724,6 +725,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-wrapper", metavar="WORDS",
                    help="words between the launcher and each node's part, from an absolute path, "
                         "e.g. '/usr/bin/apptainer exec --nv /scratch/multicard.sif'")
+    p.add_argument("--stage-dir", type=Path, metavar="DIR",
+                   help="across nodes: node-local disk where each node copies a Scenario B tree "
+                        "before a trial reads it (a disk-cold read off shared storage is not one; "
+                        "default $MULTICARD_STAGE_DIR)")
     p.add_argument("--node-python", metavar="PATH",
                    help="the Python of each node's part (default: python3 inside --step-wrapper, "
                         "else this one)")

@@ -147,6 +147,7 @@ class NodePart:
     gpus_per_node: int  # asked of srun (0: a CPU trial asks for none)
     extra_env: Mapping[str, str]
     page_cache: tuple[str, Path] | None = None
+    stage_dir: Path | None = None  # node-local disk each node copies the page-cache tree to
 
 
 def step_argv(launcher: Launcher, nnodes: int, part: NodePart, command: Sequence[str],
@@ -162,6 +163,7 @@ def step_argv(launcher: Launcher, nnodes: int, part: NodePart, command: Sequence
         node_step += ["--env", f"{key}={value}"]
     if part.page_cache:  # every node's own page cache, not just the planner's
         node_step += ["--page-cache", part.page_cache[0], "--page-cache-tree", str(part.page_cache[1])]
+        node_step += ["--stage-dir", str(part.stage_dir)] if part.stage_dir else []
     portable = [PYTHON_SLOT if word == sys.executable else word for word in command]
     return [*words, *launcher.step_wrapper, *node_step, "--", *portable]
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from multicard import artifact, cluster, launch, observe, telemetry
 from multicard.cli import OneLineParser
-from multicard.data import page_cache
+from multicard.data import page_cache, scenario_b
 from multicard.errors import InputError
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -44,15 +44,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--page-cache", choices=page_cache.MODES)
     p.add_argument("--page-cache-tree", type=Path)
+    p.add_argument("--stage-dir", type=Path, help="node-local disk to copy the tree to first")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then torchrun's argv")
     args = p.parse_args(argv)
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
     if not args.command or args.nnodes < 2 or args.ranks_per_node < 1 or \
             any("=" not in pair for pair in args.env) or \
-            (args.page_cache is None) != (args.page_cache_tree is None):
+            (args.page_cache is None) != (args.page_cache_tree is None) or \
+            (args.stage_dir is not None and args.page_cache is None):
         p.error("expected --nnodes >= 2, --ranks-per-node >= 1, KEY=VALUE pairs, --page-cache "
-                "with --page-cache-tree, and -- COMMAND")
+                "with --page-cache-tree (and --stage-dir only with them), and -- COMMAND")
     return args
 
 
@@ -72,10 +74,6 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"multicard.node_step: error: {exc}", file=sys.stderr)
         return 2
-    extra = dict(pair.split("=", 1) for pair in args.env) | {"MULTICARD_NODE": str(rank)}
-    if telemetry.visible_gpus():  # a GPU node: this node's part of the trial sees its own GPUs only
-        extra |= launch.own_gpus("cuda", args.ranks_per_node, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    env = launch.trial_env({**os.environ, **extra}, args.ranks_per_node, launch.allocated_cpus())
     command = [word.replace(launch.NODE_RANK_SLOT, str(rank)).replace(cluster.PYTHON_SLOT, sys.executable)
                for word in args.command]
     where = cluster.node_dir(args.dir, rank)
@@ -83,23 +81,52 @@ def main(argv: list[str] | None = None) -> int:
     report = describe_node(rank, command, args.ranks_per_node)
     artifact.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
     if rank == 0 and (problem := cluster.endpoint_problem(command)):  # fail now, not at the timeout
-        print(f"multicard.node_step: error: {problem}", file=sys.stderr)
-        (where / "stderr.log").write_text(f"multicard.node_step: error: {problem}\n")
-        report |= {"returncode": 2, "ended_unix": round(time.time(), 3), "error": problem}
-        artifact.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
-        return 2
+        return _ended_here(where, report, problem, 2)
+    env = node_env(args, rank)
     if args.page_cache:
-        page_cache.apply(args.page_cache, args.page_cache_tree)
-        where_tree = artifact.storage(args.page_cache_tree)
-        disk, why = page_cache.cold_reaches_disk(where_tree.get("fstype"))
-        report["page_cache"] = {"mode": args.page_cache, "storage": where_tree,
-                                **({"disk_cold": disk, "why": why} if args.page_cache == "cold" else {})}
+        try:
+            report["page_cache"] = set_page_cache(args.page_cache, args.page_cache_tree, args.stage_dir, env)
+        except OSError as exc:  # a full or missing scratch disk: this node's failure, said
+            return _ended_here(where, report, f"staging {args.page_cache_tree} to {args.stage_dir}: {exc}", 1)
     returncode = run_forwarding_signals(command, env, where, args.dir, report)
     ended = time.time()
     report |= {"returncode": returncode, "ended_unix": round(ended, 3),
                "wall_s": round(ended - report["started_unix"], 3)}
     artifact.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
     return returncode if returncode >= 0 else 128 - returncode
+
+
+def node_env(args: argparse.Namespace, rank: int) -> dict[str, str]:
+    """The trial's environment on this node: the pairs the planner gave, this node's GPUs and
+    its own allocation's threads."""
+    extra = dict(pair.split("=", 1) for pair in args.env) | {"MULTICARD_NODE": str(rank)}
+    if telemetry.visible_gpus():  # a GPU node: this node's part of the trial sees its own GPUs only
+        extra |= launch.own_gpus("cuda", args.ranks_per_node, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return launch.trial_env({**os.environ, **extra}, args.ranks_per_node, launch.allocated_cpus())
+
+
+def set_page_cache(mode: str, tree: Path, stage_dir: Path | None, env: dict[str, str]) -> dict[str, Any]:
+    """This node's page cache for the trial's tree, after staging it to node-local `stage_dir`
+    (the ranks then read the local copy: MULTICARD_CACHE_DIR); what was done, and whether `cold`
+    reaches the disk on the tree's file system."""
+    staged = None
+    if stage_dir is not None:
+        staged = scenario_b.stage(tree, stage_dir)
+        tree, env["MULTICARD_CACHE_DIR"] = Path(staged["to"]), str(stage_dir)
+    page_cache.apply(mode, tree)
+    storage = artifact.storage(tree)
+    disk, why = page_cache.cold_reaches_disk(storage.get("fstype"))
+    return {"mode": mode, "storage": storage, **({"staged": staged} if staged else {}),
+            **({"disk_cold": disk, "why": why} if mode == "cold" else {})}
+
+
+def _ended_here(where: Path, report: dict[str, Any], problem: str, returncode: int) -> int:
+    """This node's part ends before torchrun, with one line saying why (in node.json too)."""
+    print(f"multicard.node_step: error: {problem}", file=sys.stderr)
+    (where / "stderr.log").write_text(f"multicard.node_step: error: {problem}\n")
+    report |= {"returncode": returncode, "ended_unix": round(time.time(), 3), "error": problem}
+    artifact.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
+    return returncode
 
 
 def run_forwarding_signals(command: list[str], env: dict[str, str], where: Path, trial_dir: Path,

@@ -128,6 +128,7 @@ class Nodes:
 
     launcher: cluster.Launcher
     rdzv_endpoint: str
+    stage_dir: Path | None = None  # node-local disk for Scenario B trees (each node copies)
 
 
 def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], None] = print,
@@ -541,7 +542,8 @@ def trial_command(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path, 
                              cluster.rendezvous_id(out, spec.name, trial_key, attempt))
     argv, extra_env = kind.command(settings, trial_dir, data_dir, kinds.TrialLaunch(planned.trace, rdzv))
     part = cluster.NodePart(trial_dir, gpus, gpus if settings["device"] == "cuda" else 0,
-                            {**wait_policy, **extra_env}, kind.page_cache(settings, data_dir))
+                            {**wait_policy, **extra_env}, kind.page_cache(settings, data_dir),
+                            nodes.stage_dir)
     return cluster.step_argv(nodes.launcher, nnodes, part, argv, os.environ), \
         launch.trial_env(os.environ, gpus, None)
 

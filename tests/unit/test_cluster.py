@@ -264,3 +264,26 @@ def test_a_dry_run_prints_each_trial_s_lines_on_a_login_node_and_writes_nothing(
     assert lines[-1] == "2 trial(s) would start; nothing was started or written"
     assert [line.split()[0] for line in lines[1:4]] == ["srun", "python3", "'{python}'"]
     assert "--rdzv-endpoint=node7:24242" in lines[3] and not (tmp_path / "run").exists()
+
+
+def test_a_node_stages_the_tree_to_its_own_disk_and_its_ranks_read_the_copy(tmp_path: Path) -> None:
+    from multicard.data import scenario_b
+    from tests.unit.data.test_scenario_b import fake_tree
+
+    tree = fake_tree(tmp_path / "shared" / "scenario_b" / "32px-jpeg", b"abc  train/3/00007.jpg\n")
+    show = "import os; print(os.environ['MULTICARD_CACHE_DIR'])"
+    argv = [sys.executable, "-m", "multicard.node_step", "--nnodes", "2", "--node-rank-env", "MY_NODE",
+            "--dir", str(tmp_path / "t"), "--ranks-per-node", "1", "--page-cache", "cold",
+            "--page-cache-tree", str(tree), "--stage-dir", str(tmp_path / "local"), "--",
+            cluster.PYTHON_SLOT, "-c", show]
+    done = subprocess.run(argv, cwd=ROOT, env={**os.environ, "MY_NODE": "1"}, timeout=60)
+    assert done.returncode == 0
+    part = cluster.node_dir(tmp_path / "t", 1)
+    assert (part / "stdout.log").read_text().strip() == str(tmp_path / "local")
+    cache = json.loads((part / cluster.NODE_JSON).read_text())["page_cache"]
+    assert cache["staged"]["to"] == str(tmp_path / "local" / "scenario_b" / "32px-jpeg")
+    assert cache["storage"]["path"] == cache["staged"]["to"] and cache["disk_cold"] in (True, False)
+    assert (tmp_path / "local" / "scenario_b" / "32px-jpeg" / scenario_b.MANIFEST).is_file()
+    launcher = cluster.Launcher(("srun",), "SLURM_NODEID")
+    staged = cluster.NodePart(tmp_path, 1, 0, {}, ("cold", tree), tmp_path / "local")
+    assert "--stage-dir" in cluster.step_argv(launcher, 2, staged, ["x"], {})

@@ -31,6 +31,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -259,3 +260,27 @@ def verify(tree: Path) -> artifact.VerifyResult:
     """Every listed file against MANIFEST.sha256; files in the tree but not listed are named too."""
     read_description(tree)
     return artifact.verify(tree, sums_name=MANIFEST, ignore=(DATASET_JSON,))
+
+
+def stage(tree: Path, root: Path) -> dict[str, Any]:
+    """Copy a prepared tree to `root` (node-local disk), in the same place under it as under the
+    shared cache, so that a rank given MULTICARD_CACHE_DIR=root reads the local copy; a copy with
+    the same MANIFEST.sha256 is kept (the first trial on a node pays, the others do not). The copy
+    is made under a temporary name and renamed: a node killed while copying leaves no half tree.
+    Returns what was done, for the node's record."""
+    target = root / "scenario_b" / tree.name
+    manifest = (tree / MANIFEST).read_bytes()
+    started = time.monotonic()
+    if not ((target / MANIFEST).is_file() and (target / MANIFEST).read_bytes() == manifest
+            and (target / DATASET_JSON).is_file()):
+        staging = target.with_name(f"{target.name}.staging-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(tree, staging, ignore=shutil.ignore_patterns(PARTS))
+        shutil.rmtree(target, ignore_errors=True)
+        staging.replace(target)
+        copied = True
+    else:
+        copied = False
+    return {"from": str(tree), "to": str(target), "copied": copied,
+            "bytes": sum(p.stat().st_size for p in target.rglob("*") if p.is_file()),
+            "seconds": round(time.monotonic() - started, 3)}

@@ -98,3 +98,24 @@ def test_estimate_is_in_the_right_range(tmp_path: Path) -> None:
 def test_unprepared_tree_is_bad_input(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not a prepared Scenario B tree"):
         scenario_b.verify(tmp_path)
+
+
+def fake_tree(path: Path, manifest: bytes) -> Path:
+    (path / "train" / "3").mkdir(parents=True)
+    (path / "train" / "3" / "00007.jpg").write_bytes(b"\xff\xd8 an image")
+    (path / scenario_b.MANIFEST).write_bytes(manifest)
+    (path / scenario_b.DATASET_JSON).write_text("{}")
+    return path
+
+
+def test_a_tree_is_staged_to_local_disk_once_and_again_when_it_changed(tmp_path: Path) -> None:
+    tree = fake_tree(tmp_path / "shared" / "scenario_b" / "32px-jpeg", b"abc  train/3/00007.jpg\n")
+    local = tmp_path / "local"
+    first = scenario_b.stage(tree, local)
+    target = local / "scenario_b" / "32px-jpeg"
+    assert first["to"] == str(target) and first["copied"] is True and first["bytes"] > 0
+    assert (target / "train" / "3" / "00007.jpg").read_bytes() == b"\xff\xd8 an image"
+    assert scenario_b.stage(tree, local)["copied"] is False  # the same manifest: kept
+    (tree / scenario_b.MANIFEST).write_bytes(b"def  train/3/00007.jpg\n")  # prepared anew
+    assert scenario_b.stage(tree, local)["copied"] is True
+    assert sorted(p.name for p in (local / "scenario_b").iterdir()) == ["32px-jpeg"]  # no half copy left
