@@ -6,7 +6,8 @@
 #   planner's deadline (MULTICARD_DEADLINE): no trial starts that would outrun it.
 # - 600 s before the end Slurm sends USR1 (--signal=B:USR1@600): the planner is told to stop (the
 #   trial in flight is ended and recorded as interrupted) and, with MULTICARD_REQUEUE=1, the job
-#   requeues itself; so it does when the planner left trials for lack of time (OUT/left.json).
+#   requeues itself; so it does when the planner left trials for lack of time (OUT/left.json,
+#   written by this job's planner).
 #   A requeue is done at most MULTICARD_MAX_REQUEUES times (SLURM_RESTART_COUNT counts them): a
 #   trial that never fits in a job ends the chain instead of looping.
 # - TERM (scancel, pre-emption) stops the planner the same way, without a requeue.
@@ -15,7 +16,10 @@
 #   could end them midway. One pending report job per run is enough.
 
 MULTICARD_MAX_REQUEUES=${MULTICARD_MAX_REQUEUES:-3}
-MARGIN_S=${MULTICARD_MARGIN_S:-600}
+# the same lead as the templates' --signal=B:USR1@600: change both together
+MARGIN_S=600
+# the nox session leaves the report and verify to the report job (noxfile.py)
+export MULTICARD_REPORT_ELSEWHERE=1 APPTAINERENV_MULTICARD_REPORT_ELSEWHERE=1
 
 job_end() {
     # Slurm >= 23.02 exports the job's end; before, squeue says it (local time, or UNLIMITED)
@@ -74,7 +78,10 @@ stop() {
     echo "multicard: $1: stopping $RUN, recording the trial in flight"
     if [ -n "$child" ]; then
         kill -TERM "$child" 2>/dev/null || true
-        wait "$child" || true
+        # a second signal ends a `wait` early: wait until the planner has recorded and gone
+        while kill -0 "$child" 2>/dev/null; do
+            wait "$child" || true
+        done
     fi
     if [ "$2" = requeue ]; then
         requeue_or_say "the time limit is near"
@@ -88,6 +95,8 @@ run_planner() {
     # In the background, so that a trap runs while the planner does (bash runs a trap only
     # between commands). Its exit status is the job's; `|| status=$?`: under set -e a failed
     # planner must not skip what follows.
+    # left.json counts only when this job's planner wrote it, not one an earlier job left behind
+    rm -f "$OUT/left.json"
     "$@" &
     child=$!
     local status=0

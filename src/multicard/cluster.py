@@ -39,11 +39,16 @@ from pathlib import Path
 from typing import Any
 
 from multicard.errors import InputError
+from multicard.launch import NODE_RANK_SLOT
 
 NODES_DIR = "nodes"
 NODE_JSON = "node.json"
 # where the nodes' argv names their Python: each node's part puts its own interpreter there
 PYTHON_SLOT = "{python}"
+# where the nodes' argv and environment name multicard's own files (the LLM pin_memory hook):
+# each node's part puts its own package's folder there
+PACKAGE_SLOT = "{multicard}"
+PACKAGE_DIR = str(Path(__file__).resolve().parent)
 # What a step exports to the nodes besides Slurm's own SLURM_*: the communication libraries'
 # settings and the user's thread count, never the planner's PATH, PYTHONPATH or venv (unless the
 # nodes run the planner's own Python, without a step wrapper: then they are the same files).
@@ -74,7 +79,9 @@ def srun_flags(nnodes: int, gpus_per_node: int, exported: Sequence[str]) -> list
     killed when one fails, output lines labelled with the task; no MPI plugin (torchrun meets by
     itself); only `exported` of the planner's environment (Slurm's own SLURM_* always); a GPU
     trial's GPUs per node and no more (`--exact`: the step gets what it asks for)."""
-    gpus = [f"--gpus-per-node={gpus_per_node}", "--exact"] if gpus_per_node else []
+    # a CPU trial's step takes no GPU: without --gres=none srun would give it the job's
+    # (SLURM_GPUS_PER_NODE from sbatch is one of srun's input variables)
+    gpus = [f"--gpus-per-node={gpus_per_node}", "--exact"] if gpus_per_node else ["--gres=none"]
     return [f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1", "--relative=0",
             "--kill-on-bad-exit=1", "--label", "--mpi=none",
             f"--export={','.join(exported) if exported else 'NONE'}", *gpus]
@@ -159,13 +166,30 @@ def step_argv(launcher: Launcher, nnodes: int, part: NodePart, command: Sequence
     node_step = [launcher.node_python, "-m", "multicard.node_step", "--nnodes", str(nnodes),
                  "--node-rank-env", launcher.node_rank_env, "--dir", str(part.trial_dir),
                  "--ranks-per-node", str(part.ranks_per_node)]
+    own_python = not launcher.step_wrapper and launcher.node_python == sys.executable
     for key, value in sorted(part.extra_env.items()):
-        node_step += ["--env", f"{key}={value}"]
+        node_step += ["--env", f"{key}={portable_value(key, value, own_python)}"]
     if part.page_cache:  # every node's own page cache, not just the planner's
         node_step += ["--page-cache", part.page_cache[0], "--page-cache-tree", str(part.page_cache[1])]
         node_step += ["--stage-dir", str(part.stage_dir)] if part.stage_dir else []
-    portable = [PYTHON_SLOT if word == sys.executable else word for word in command]
+    portable = [PYTHON_SLOT if word == sys.executable else word.replace(PACKAGE_DIR, PACKAGE_SLOT)
+                for word in command]
     return [*words, *launcher.step_wrapper, *node_step, "--", *portable]
+
+
+def portable_value(key: str, value: str, own_python: bool) -> str:
+    """An environment value for the nodes: multicard's folder as PACKAGE_SLOT; in PYTHONPATH,
+    only the entries of multicard's own, unless the nodes run the planner's Python."""
+    value = value.replace(PACKAGE_DIR, PACKAGE_SLOT)
+    if key != "PYTHONPATH" or own_python:
+        return value
+    return ":".join(entry for entry in value.split(":") if PACKAGE_SLOT in entry)
+
+
+def fill_slots(text: str, node: int, python: str, package_dir: str) -> str:
+    """A node's own values in the planner's slots."""
+    return text.replace(NODE_RANK_SLOT, str(node)).replace(PYTHON_SLOT, python) \
+        .replace(PACKAGE_SLOT, package_dir)
 
 
 def step_parts(argv: Sequence[str]) -> list[list[str]]:

@@ -8,9 +8,11 @@ jobs on two hosts could both hold it. So:
 
 - `check_flock` refuses, in one line, a directory whose file system answers flock with "not
   supported";
-- the run lock carries a lease: the holder's Slurm job, host and pid in OWNER_FILE; a job that
-  finds another job's lease, and the scheduler says that job still runs, refuses (flock here did
-  not reach across hosts); a lease whose job has ended is stale and taken over;
+- the run lock carries a lease: the holder's Slurm job, host and pid in OWNER_FILE. A lease of
+  this host (its holder would hold the flock we got) or of this job (requeued) is ours to take;
+  one whose job squeue says has ended is stale and taken over; one whose job still runs, or whose
+  state nothing here can tell (no squeue inside an image, a failing controller), is refused, with
+  the way out (flock did not reach across hosts: Lustre localflock, NFSv3 nolock);
 - every wait for a lock has a timeout and says what it waited for.
 """
 
@@ -31,7 +33,6 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from multicard import artifact
 from multicard.errors import InputError
 
 # what a file system without flock answers (Lustre noflock: ENOSYS; NFS without lockd: ENOLCK)
@@ -59,17 +60,23 @@ def check_flock(lock_file: Path) -> None:
         os.close(fd)
 
 
-def slurm_job_alive(job_id: str) -> bool:
-    """Whether Slurm says the job still runs; False where squeue is missing or cannot tell."""
+def slurm_job_state(job_id: str) -> str:
+    """"alive" (squeue shows it holding its nodes), "ended" (squeue answers, and not with it: done
+    or unknown to the controller) or "unknown" (no squeue here, or it failed: a controller
+    hiccup is no proof that a job ended)."""
     squeue = shutil.which("squeue")
     if squeue is None:
-        return False
+        return "unknown"
     try:
         found = subprocess.run([squeue, "-h", "-j", job_id, "-o", "%T"], capture_output=True,
                                text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return any(state.strip() in ALIVE_STATES for state in found.stdout.splitlines())
+        return "unknown"
+    if any(state.strip() in ALIVE_STATES for state in found.stdout.splitlines()):
+        return "alive"
+    if found.returncode == 0 or "Invalid job id" in found.stderr:
+        return "ended"
+    return "unknown"
 
 
 def owner() -> dict[str, Any]:
@@ -77,23 +84,44 @@ def owner() -> dict[str, Any]:
             "pid": os.getpid(), "since_unix": round(time.time(), 3)}
 
 
-def other_live_owner(lease: Path, me: dict[str, Any],
-                     alive: Callable[[str], bool] = slurm_job_alive) -> dict[str, Any] | None:
-    """The lease's holder, when it is another Slurm job that the scheduler says still runs."""
+def lease_refusal(held: dict[str, Any], me: dict[str, Any], lease: Path,
+                  job_state: Callable[[str], str] = slurm_job_state) -> str | None:
+    """Why another holder's lease stops this run, or None when it is ours or stale. On this host
+    a holder that still ran would hold the flock we hold: it is gone. Elsewhere the scheduler
+    says whether its job runs; where nothing can tell, the run is refused, with the way out."""
+    job = held.get("slurm_job")
+    if (job and job == me["slurm_job"]) or held.get("host") == me["host"]:
+        return None
+    state = job_state(str(job)) if job else "unknown"
+    if state == "ended":
+        return None
+    who = f"Slurm job {job} on {held.get('host')}" if job else f"pid {held.get('pid')} on {held.get('host')}"
+    if state == "alive":
+        return f"{who} is using this directory (its flock does not reach this host: localflock or NFS nolock)"
+    return (f"{who} holds this directory's lease and nothing here can tell whether it still runs (no "
+            f"squeue, or it failed); if it has ended, remove {lease} and run again")
+
+
+def _take_lease(lease: Path, me: dict[str, Any]) -> None:
+    """Write our lease with O_EXCL: of two jobs on two hosts taking a stale lease at once, one
+    fails here instead of both holding the run."""
+    lease.unlink(missing_ok=True)
     try:
-        held = json.loads(lease.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    job = held.get("slurm_job") if isinstance(held, dict) else None
-    if not job or job == me["slurm_job"] or not alive(str(job)):
-        return None
-    return held
+        fd = os.open(lease, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise InputError(f"{lease.parent}: another job took this directory's lease just now; wait "
+                         "for it or use another --out") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(me))
+    if _read_lease(lease) != me:  # another host removed ours and wrote its own meanwhile
+        raise InputError(f"{lease.parent}: another job took this directory's lease just now; wait "
+                         "for it or use another --out")
 
 
 @contextlib.contextmanager
 def run_lock(out: Path) -> Iterator[None]:
     """One writer per run directory, across hosts: flock (refusing a file system without it)
-    and a lease that a job on another host would see."""
+    and a lease that a job on another host sees."""
     lock_file = out / ".run.lock"
     check_flock(lock_file)
     lock = FileLock(str(lock_file), timeout=0)
@@ -103,11 +131,9 @@ def run_lock(out: Path) -> Iterator[None]:
         raise InputError(f"{out}: another multicard run is using this directory") from None
     lease, me = out / OWNER_FILE, owner()
     try:
-        if held := other_live_owner(lease, me):
-            raise InputError(f"{out}: Slurm job {held['slurm_job']} on {held['host']} is using this "
-                             "directory (its flock does not reach this host: localflock or NFS "
-                             "nolock); wait for it or use another --out")
-        artifact.write_text_atomic(lease, json.dumps(me))
+        if (held := _read_lease(lease)) and (why := lease_refusal(held, me, lease)):
+            raise InputError(f"{out}: {why}; or use another --out")
+        _take_lease(lease, me)
         try:
             yield
         finally:
@@ -115,6 +141,14 @@ def run_lock(out: Path) -> Iterator[None]:
                 lease.unlink()
     finally:
         lock.release()
+
+
+def _read_lease(lease: Path) -> dict[str, Any] | None:
+    try:
+        held = json.loads(lease.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return held if isinstance(held, dict) else None
 
 
 @contextlib.contextmanager

@@ -27,12 +27,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import multicard
 from multicard import artifact, cluster, launch, observe, telemetry
 from multicard.cli import OneLineParser
 from multicard.data import page_cache, scenario_b
 from multicard.errors import InputError
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+PACKAGE_DIR = str(Path(multicard.__file__).resolve().parent)  # this node's multicard
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -74,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"multicard.node_step: error: {exc}", file=sys.stderr)
         return 2
-    command = [word.replace(launch.NODE_RANK_SLOT, str(rank)).replace(cluster.PYTHON_SLOT, sys.executable)
-               for word in args.command]
+    command = [cluster.fill_slots(word, rank, sys.executable, PACKAGE_DIR) for word in args.command]
     where = cluster.node_dir(args.dir, rank)
     where.mkdir(parents=True, exist_ok=True)
     report = describe_node(rank, command, args.ranks_per_node)
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 def node_env(args: argparse.Namespace, rank: int) -> dict[str, str]:
     """The trial's environment on this node: the pairs the planner gave, this node's GPUs and
     its own allocation's threads."""
-    extra = dict(pair.split("=", 1) for pair in args.env) | {"MULTICARD_NODE": str(rank)}
+    extra = {key: cluster.fill_slots(value, rank, sys.executable, PACKAGE_DIR)
+             for key, value in (pair.split("=", 1) for pair in args.env)} | {"MULTICARD_NODE": str(rank)}
     if telemetry.visible_gpus():  # a GPU node: this node's part of the trial sees its own GPUs only
         extra |= launch.own_gpus("cuda", args.ranks_per_node, os.environ.get("CUDA_VISIBLE_DEVICES"))
     return launch.trial_env({**os.environ, **extra}, args.ranks_per_node, launch.allocated_cpus())

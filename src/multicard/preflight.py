@@ -5,10 +5,10 @@ the run at once, with one line, instead of each trial of a long plan.
 The step is a trial's step without the workload: the launcher starts each node's part
 (multicard.node_step, inside the step wrapper), which starts torchrun with the trial's ranks per
 node; every rank joins one all_reduce across all nodes (gloo on CPU, NCCL on GPUs), and each
-node's first rank writes preflight-node<R>.json: its host, Python, torch, the GPUs it sees, the
-sum it got and its whole environment as env.json has it (the trials' environment is the nodes'
-image, not the planner's host). `problems` reads what the nodes left; the planner writes
-preflight.json.
+node's first rank writes preflight-node<R>.json: its host, Python, multicard and torch, the
+GPUs it sees, whether it sees the run's folders (data, cache, run directory), the sum it got
+and its whole environment as env.json has it (the trials' environment is the nodes' image, not
+the planner's host). `problems` reads what the nodes left; the planner writes preflight.json.
 
     python -m multicard.preflight --out DIR --device cpu|cuda   (one rank; torchrun starts it)
 """
@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import multicard
 from multicard import artifact, cluster
 
 DIR = "preflight"
@@ -39,7 +40,8 @@ def node_file(out: Path, node: int) -> Path:
 
 
 def problems(step_dir: Path, nnodes: int, gpus_per_node: int, returncode: int | None,
-             timed_out: bool, launcher_tail: str, tails: Mapping[int, str]) -> list[str]:
+             timed_out: bool, launcher_tail: str, tails: Mapping[int, str],
+             version: str = multicard.__version__) -> list[str]:
     """What stops the run from going on, first the most telling; [] when every node passed."""
     reports = cluster.node_reports(step_dir, nnodes)
     if not any(r.get("started", True) for r in reports):
@@ -53,12 +55,17 @@ def problems(step_dir: Path, nnodes: int, gpus_per_node: int, returncode: int | 
     if timed_out:
         found.append(f"the step did not end within {TIMEOUT_S} s")
     seen = [_read(node_file(step_dir, n)) for n in range(nnodes)]
-    return found + _compare(seen, nnodes, gpus_per_node)
+    return found + _compare(seen, gpus_per_node, version)
 
 
-def _compare(seen: Sequence[dict[str, Any] | None], nnodes: int, gpus_per_node: int) -> list[str]:
+def _compare(seen: Sequence[dict[str, Any] | None], gpus_per_node: int, version: str) -> list[str]:
     found = [f"node {n} wrote no {node_file(Path(), n).name}" for n, s in enumerate(seen) if s is None]
     present = [s for s in seen if s is not None]
+    found += [f"node {s['node']} ({s['host']}) does not see {path}: bind it into the image at the "
+              "same path" for s in present for path, there in s.get("paths", {}).items() if not there]
+    found += [f"node {s['node']} ({s['host']}) runs multicard {s['multicard']}, the planner "
+              f"{version}: install the same on both" for s in present
+              if s.get("multicard") not in (None, version)]
     found += [f"node {s['node']} ({s['host']}): all_reduce gave {s['all_reduce']}, expected "
               f"{s['expected']}" for s in present if s["all_reduce"] != s["expected"]]
     if gpus_per_node:
@@ -94,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m multicard.preflight")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    p.add_argument("--path", action="append", default=[], help="a folder every node must see")
     args = p.parse_args(argv)
     import torch
     import torch.distributed as dist
@@ -112,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         # the node's own environment (its image's): the planner's env.json is its host's
         artifact.write_text_atomic(node_file(args.out, node), json.dumps({
             "node": node, "host": socket.gethostname(), "python": sys.executable,
-            "torch": torch.__version__, "gpus": gpus, "all_reduce": value.item(),
+            "multicard": multicard.__version__, "torch": torch.__version__, "gpus": gpus,
+            "paths": {path: Path(path).is_dir() for path in args.path}, "all_reduce": value.item(),
             "expected": world * (world + 1) / 2, "env": artifact.capture_env()}, indent=1))
     dist.destroy_process_group()
     return 0

@@ -285,8 +285,9 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
     across = [p for p in todo if int(p.params["nnodes"]) > 1
               and not kinds.KINDS[spec.workload].unrunnable(p.params, p.trace, machine)]
     if nodes is not None and across:
-        _preflight(spec, out, nodes, across, echo)
+        _preflight(spec, out, data_dir, nodes, across, echo)
     tally = Tally(len(todo), echo)
+    started_at = clock()
     rounds = RoundKeeper(spec, trials_file, out / AUTO_FILE, echo)
     for index, planned_trial in enumerate(todo):
         if not rounds.wanted(planned_trial):
@@ -294,33 +295,42 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
         reason = kinds.KINDS[spec.workload].unrunnable(planned_trial.params, planned_trial.trace,
                                                        machine)
         needed = time_needed(estimates[index], planned_trial, records)
-        if not reason and deadline_unix is not None and time.time() + needed > deadline_unix:
-            tally.left = len(todo) - index
-            _leave_for_later(out, describe(planned_trial), needed, deadline_unix, tally.left, echo)
-            break
+        if not reason and deadline_unix is not None:
+            if needed > deadline_unix - started_at:  # more than this whole job: never fits one
+                reason = ("NeedsLongerJob", f"needs about {format_duration(needed)}; this run had "
+                          f"{format_duration(deadline_unix - started_at)} before its deadline")
+            elif clock() + needed > deadline_unix:  # the next job may have the time
+                tally.leave(describe(planned_trial), needed)
+                continue
         GATE.check()  # a stop that came while the last record was written
         record = skipped_record(spec, planned_trial, *reason) if reason else \
             _run_recorded(spec, planned_trial, out, data_dir, nodes, trials_file)
         append_record(trials_file, record)
         GATE.check()  # a stop that came after the trial ended: its record is safe now
         tally.add(record, f"{describe(planned_trial)}", index)
-    rounds.finish()
+    if tally.left_for_later:
+        _leave_for_later(out, tally.left_for_later, deadline_unix or 0.0, echo)
+    else:  # a run that paused for the deadline has not ended: no final auto decision
+        rounds.finish()
     return tally.outcome(spec.name, out, trials_file, len(planned) - len(todo))
 
 
 LEFT_FILE = "left.json"
+# the wall clock the deadline is read against (tests inject their own)
+clock = time.time
 
 
-def _leave_for_later(out: Path, what: str, needed: float, deadline_unix: float, left: int,
+def _leave_for_later(out: Path, left: list[tuple[str, float]], deadline_unix: float,
                      echo: Callable[[str], None]) -> None:
-    """The run stops before a trial that would outrun the deadline; left.json says so (a Slurm
-    template requeues the job when it finds the file)."""
-    time_left = max(0.0, deadline_unix - time.time())
-    echo(f"not started: {what} needs about {format_duration(needed)}, {format_duration(time_left)} "
-         f"are left before the deadline; {left} trial(s) left for the next run")
+    """The trials not started because they would have outrun the deadline; left.json says so
+    (a Slurm template requeues the job when this run wrote it)."""
+    time_left = max(0.0, deadline_unix - clock())
+    what, needed = left[0]
+    echo(f"not started: {len(left)} trial(s) that would outrun the deadline ({format_duration(time_left)} "
+         f"left; the first, {what}, needs about {format_duration(needed)}); left for the next run")
     artifact.write_text_atomic(out / LEFT_FILE, json.dumps(
-        {"left": left, "next": what, "needed_s": round(needed, 1), "time_left_s": round(time_left, 1),
-         "deadline_unix": deadline_unix}, indent=1))
+        {"left": len(left), "trials": [{"trial": w, "needed_s": round(n, 1)} for w, n in left],
+         "time_left_s": round(time_left, 1), "deadline_unix": deadline_unix}, indent=1))
 
 
 def _run_recorded(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path, nodes: Nodes | None,
@@ -334,11 +344,17 @@ def _run_recorded(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path, 
         raise
 
 
+# an interrupted attempt ran at least this long: its wall time is a lower bound, and one a
+# little longer than it is what the next attempt needs at the least
+INTERRUPTED_MARGIN = 1.1
+
+
 def time_needed(estimate: float, planned: PlannedTrial, records: list[dict[str, Any]]) -> float:
     """How long a trial will take at least: the estimate, or longer when an earlier attempt of it
-    ran longer before it was interrupted (a trial that outran a job's time limit would otherwise
-    be started, and interrupted, in every requeued job)."""
-    earlier = [float(r.get("wall_s") or 0.0) for r in records
+    ran longer (an interrupted one: a tenth more than it ran). A trial that outran a job's time
+    limit would otherwise be started, and interrupted, in every requeued job."""
+    earlier = [float(r.get("wall_s") or 0.0) *
+               (INTERRUPTED_MARGIN if r.get("status") == "interrupted" else 1.0) for r in records
                if r.get("config_id") == planned.config_id and r.get("trial") == planned.trial
                and r.get("trace", "none") == planned.trace]
     return max([estimate, *earlier])
@@ -350,8 +366,12 @@ class Tally:
 
     def __init__(self, todo: int, echo: Callable[[str], None]) -> None:
         self.todo, self.echo = todo, echo
-        self.ok = self.failed = self.skipped = self.left = self.unstarted = 0
+        self.ok = self.failed = self.skipped = self.unstarted = 0
         self.walls: list[float] = []
+        self.left_for_later: list[tuple[str, float]] = []  # (trial, seconds needed)
+
+    def leave(self, what: str, needed: float) -> None:
+        self.left_for_later.append((what, needed))
 
     def add(self, record: dict[str, Any], what: str, index: int) -> None:
         status = record["status"]
@@ -365,22 +385,25 @@ class Tally:
         self.echo(f"[{index + 1:>{len(str(self.todo))}}/{self.todo}] {what}: {status} in "
                   f"{record['wall_s']:.1f} s | ETA {format_duration(eta)}")
         error = record.get("error") or {}
-        self.unstarted = self.unstarted + 1 if error.get("type") == NOT_STARTED else 0
+        # a step where some node never started its part: the launcher, or that node, is broken
+        never = any(not n.get("started", True) for n in record.get("nodes", []))
+        self.unstarted = self.unstarted + 1 if never else 0
         if self.unstarted >= MAX_UNSTARTED:
-            raise ClusterFailure(f"{self.unstarted} trials in a row started on no node (the last: "
-                                 f"{error['message']}); the run stops, their records say so; fix "
-                                 "the launcher and run the same command to resume")
+            raise ClusterFailure(f"{self.unstarted} trials in a row where a node never started its "
+                                 f"part (the last: {error.get('message')}); the run stops, their "
+                                 "records say so; fix the launcher or the node and run the same "
+                                 "command to resume")
 
     def outcome(self, name: str, out: Path, trials_file: Path, already: int) -> RunOutcome:
         reasons = " (reasons in the records)" if self.skipped else ""
-        left = f", {self.left} left for the next run" if self.left else ""
+        left = f", {len(self.left_for_later)} left for the next run" if self.left_for_later else ""
         self.echo(f"{name}: {self.ok} ok, {self.failed} failed, {self.skipped} skipped{reasons}{left}; "
                   f"records in {trials_file}")
         return RunOutcome(out, self.ok + self.failed + self.skipped, self.ok, self.failed,
-                          self.skipped, already, self.left)
+                          self.skipped, already, len(self.left_for_later))
 
 
-def _preflight(spec: Spec, out: Path, nodes: Nodes, multi: list[PlannedTrial],
+def _preflight(spec: Spec, out: Path, data_dir: Path, nodes: Nodes, multi: list[PlannedTrial],
                echo: Callable[[str], None]) -> None:
     """One step over the nodes before the sweep (multicard.preflight), for the multi-node
     trials to run; ClusterFailure, naming the first problem, when a node cannot run them."""
@@ -389,8 +412,10 @@ def _preflight(spec: Spec, out: Path, nodes: Nodes, multi: list[PlannedTrial],
     step_dir, attempt = _fresh_dir(out / preflight.DIR / "a")
     rdzv = launch.Rendezvous(nodes.rdzv_endpoint, cluster.rendezvous_id(out, spec.name, "preflight", attempt),
                              preflight.RDZV_TIMEOUT_S)
+    seen = [str(p) for p in dict.fromkeys((data_dir, mnist.derived_root(data_dir), out.resolve()))]
     command = launch.torchrun_argv("multicard.preflight", ["--out", str(step_dir), "--device",
-                                                           "cuda" if gpus else "cpu"],
+                                                           "cuda" if gpus else "cpu",
+                                                           *(w for p in seen for w in ("--path", p))],
                                    nproc_per_node=max(1, gpus), nnodes=nnodes, rdzv=rdzv)
     argv = cluster.step_argv(nodes.launcher, nnodes, cluster.NodePart(step_dir, max(1, gpus), gpus, {}),
                              command, os.environ)
@@ -541,8 +566,11 @@ def trial_command(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path, 
     rdzv = launch.Rendezvous(nodes.rdzv_endpoint,
                              cluster.rendezvous_id(out, spec.name, trial_key, attempt))
     argv, extra_env = kind.command(settings, trial_dir, data_dir, kinds.TrialLaunch(planned.trace, rdzv))
+    # the ranks find prepared inputs (Scenario B trees) where this planner prepared them, not
+    # where the image's own environment points
+    cache = {"MULTICARD_CACHE_DIR": str(mnist.derived_root(data_dir))}
     part = cluster.NodePart(trial_dir, gpus, gpus if settings["device"] == "cuda" else 0,
-                            {**wait_policy, **extra_env}, kind.page_cache(settings, data_dir),
+                            {**wait_policy, **cache, **extra_env}, kind.page_cache(settings, data_dir),
                             nodes.stage_dir)
     return cluster.step_argv(nodes.launcher, nnodes, part, argv, os.environ), \
         launch.trial_env(os.environ, gpus, None)
@@ -674,7 +702,9 @@ def _classify_nodes(trial_dir: Path, reports: list[dict[str, Any]], returncode: 
     own = _tail(trial_dir / "stderr.log")
     tails = {int(r["node"]): _tail(cluster.node_dir(trial_dir, int(r["node"])) / "stderr.log")
              for r in reports}
-    found = cluster.blame(reports, tails, own, is_oom)
+    # past the timeout this planner ended the step (srun then kills every node's part at once):
+    # no node caused it
+    found = cluster.blame(reports, tails, own, is_oom) if not timed_out else cluster.Blame(None, "stopped")
     quarter = STDERR_TAIL_CHARS // 4
     cause = tails.get(found.node if found.node is not None else 0, "")
     tail = own[-quarter:] + cause[-(STDERR_TAIL_CHARS - quarter):]

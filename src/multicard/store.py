@@ -15,8 +15,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
+from multicard.errors import InputError
 from multicard.spec import Shard
 
 SCHEMA = 1
@@ -33,8 +34,12 @@ class TornLineWarning(UserWarning):
     """A line of trials.jsonl that is not a complete JSON object (a crash mid-write)."""
 
 
+# an append holds the lock for one write and fsync: a lock held this long has a holder that hangs
+APPEND_LOCK_WAIT_S = 120.0
+
+
 def lock_for(path: Path) -> FileLock:
-    return FileLock(str(path) + LOCK_SUFFIX)
+    return FileLock(str(path) + LOCK_SUFFIX, timeout=APPEND_LOCK_WAIT_S)
 
 
 def append(path: Path, record: dict[str, Any]) -> None:
@@ -42,24 +47,32 @@ def append(path: Path, record: dict[str, Any]) -> None:
     if record.get("status") not in STATUSES:
         raise ValueError(f"status must be one of {STATUSES}, got {record.get('status')!r}")
     line = (json.dumps(record, sort_keys=True) + "\n").encode()
-    with lock_for(path):
-        new_file = not path.exists()
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        with lock_for(path):
+            _append_line(path, line)
+    except Timeout:
+        raise InputError(f"{path}{LOCK_SUFFIX}: held for {APPEND_LOCK_WAIT_S:g} s by another process; "
+                         "the record was not written (`fuser -v` on its host shows the holder)") from None
+
+
+def _append_line(path: Path, line: bytes) -> None:
+    new_file = not path.exists()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
         try:
-            size = os.fstat(fd).st_size
-            try:
-                if size > 0 and _last_byte(path) != b"\n":
-                    line = b"\n" + line  # terminate a torn line instead of gluing this onto it
-                _write_all(fd, line)
-                os.fsync(fd)
-            except OSError:  # a full disk mid-line: take the partial line back
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, size)
-                raise
-        finally:
-            os.close(fd)
-        if new_file:
-            _fsync_dir(path.parent)
+            if size > 0 and _last_byte(path) != b"\n":
+                line = b"\n" + line  # terminate a torn line instead of gluing this onto it
+            _write_all(fd, line)
+            os.fsync(fd)
+        except OSError:  # a full disk mid-line: take the partial line back
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+    if new_file:
+        _fsync_dir(path.parent)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -142,6 +155,4 @@ def read_shard(run_dir: Path) -> Shard | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        from multicard.errors import InputError
-
         raise InputError(f"{run_dir / SHARD_FILE}: expected {{\"index\": I, \"count\": N}} ({exc})") from None

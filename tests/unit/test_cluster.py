@@ -38,8 +38,9 @@ def test_without_a_wrapper_the_nodes_run_the_planner_s_python_and_get_its_paths(
     launcher = cluster.Launcher(("srun",), "SLURM_NODEID")
     argv = cluster.step_argv(launcher, 2, cluster.NodePart(Path("t"), 1, 0, {}), ["x"],
                              {"PATH": "/p", "PYTHONPATH": "/s", "SLURM_JOB_ID": "1"})
-    assert "--export=PATH,PYTHONPATH" in argv and argv[argv.index("--mpi=none") + 2] == sys.executable
-    assert not any(word.startswith("--gpus-per-node") for word in argv)  # a CPU trial
+    assert "--export=PATH,PYTHONPATH" in argv and argv[argv.index("--mpi=none") + 3] == sys.executable
+    # a CPU trial takes no GPU, not even the job's default
+    assert "--gres=none" in argv and not any(word.startswith("--gpus-per-node") for word in argv)
     assert "--export=NONE" in cluster.step_argv(launcher, 2, cluster.NodePart(Path("t"), 1, 0, {}),
                                                 ["x"], {"SECRET": "x"})
 
@@ -287,3 +288,19 @@ def test_a_node_stages_the_tree_to_its_own_disk_and_its_ranks_read_the_copy(tmp_
     launcher = cluster.Launcher(("srun",), "SLURM_NODEID")
     staged = cluster.NodePart(tmp_path, 1, 0, {}, ("cold", tree), tmp_path / "local")
     assert "--stage-dir" in cluster.step_argv(launcher, 2, staged, ["x"], {})
+
+
+def test_multicard_s_own_files_reach_the_nodes_as_their_own_and_host_paths_do_not() -> None:
+    # the LLM pin_memory hook is a folder of the package: each node's is its own copy's
+    hook = f"{cluster.PACKAGE_DIR}/hooks/pin_memory"
+    wrapper = ("/usr/bin/apptainer", "exec", "/x.sif")
+    launcher = cluster.Launcher(("srun",), "SLURM_NODEID", wrapper, "python3")
+    part = cluster.NodePart(Path("t"), 1, 0, {"PYTHONPATH": f"{hook}:/home/u/mc/src", "A": "1"})
+    argv = cluster.step_argv(launcher, 2, part, [sys.executable, f"{cluster.PACKAGE_DIR}/x.yaml"], {})
+    assert "PYTHONPATH={multicard}/hooks/pin_memory" in argv and "A=1" in argv
+    assert argv[-2:] == ["{python}", "{multicard}/x.yaml"]
+    assert cluster.fill_slots("{multicard}/hooks:{python} --node-rank={node_rank}", 1, "/py", "/img/mc") == \
+        "/img/mc/hooks:/py --node-rank=1"
+    # without a wrapper the nodes run the planner's Python: its PYTHONPATH stays
+    own = cluster.step_argv(cluster.Launcher(("srun",), "SLURM_NODEID"), 2, part, ["x"], {})
+    assert "PYTHONPATH={multicard}/hooks/pin_memory:/home/u/mc/src" in own

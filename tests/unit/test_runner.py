@@ -306,8 +306,11 @@ def test_a_trial_interrupted_past_its_estimate_needs_at_least_that_long() -> Non
     records = [{"config_id": "c", "trial": 2, "status": "interrupted", "wall_s": 3000.0},
                {"config_id": "c", "trial": 1, "status": "interrupted", "wall_s": 9000.0},
                {"config_id": "c", "trial": 2, "trace": "nsys", "wall_s": 8000.0}]
-    assert runner.time_needed(60.0, planned, records) == 3000.0
+    # an interrupted attempt's wall time is a lower bound: a tenth more is needed
+    assert runner.time_needed(60.0, planned, records) == pytest.approx(3300.0)
     assert runner.time_needed(60.0, planned, []) == 60.0
+    failed = [{"config_id": "c", "trial": 2, "status": "failed", "wall_s": 100.0}]
+    assert runner.time_needed(60.0, planned, failed) == 100.0
 
 
 def test_a_gpu_trial_sees_only_its_own_gpus() -> None:
@@ -342,19 +345,38 @@ def test_a_cpu_trials_openmp_threads_spin_briefly_unless_the_caller_says(
     assert env["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in env
 
 
-def test_no_trial_starts_that_would_outrun_the_deadline(tmp_path: Path) -> None:
-    from multicard import spec, store
+def test_no_trial_starts_that_would_outrun_the_deadline(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from multicard import cost, spec, store
     from tests.helpers import write_spec
 
-    path = write_spec(tmp_path, grid={"precision": ["fp32", "bf16"]})
+    path = write_spec(tmp_path, grid={"precision": ["fp32"]}, trials={"count": 2})
     said: list[str] = []
-    outcome = runner.run(spec.load(path), tmp_path / "run", echo=said.append, deadline_unix=time.time())
-    assert (outcome.ran, outcome.left) == (0, 2)
-    assert store.read(tmp_path / "run" / "trials.jsonl") == []
+    # the clock and the estimates injected: each trial is estimated at, and takes, 1000 s; the
+    # deadline is 1500 s away: the first runs, the second is left for the next job
+    now = [0.0]
+    monkeypatch.setattr(runner, "clock", lambda: now[0])
+    monkeypatch.setattr(cost, "trial_seconds", lambda workload, params: 1000.0)
+
+    def ran(s: spec.Spec, planned: spec.PlannedTrial, *rest: object) -> dict:
+        now[0] += 1000.0
+        return {**runner.skipped_record(s, planned, "-", "-"), "status": "ok", "error": None}
+
+    monkeypatch.setattr(runner, "run_trial", ran)
+    outcome = runner.run(spec.load(path), tmp_path / "run", echo=said.append, deadline_unix=1500.0)
+    assert (outcome.ran, outcome.left) == (1, 1)
     left = json.loads((tmp_path / "run" / runner.LEFT_FILE).read_text())
-    assert left["left"] == 2 and left["needed_s"] > left["time_left_s"] == 0.0
-    assert any(line.startswith("not started: precision=") and " trial 0 needs about " in line and
-               line.endswith("; 2 trial(s) left for the next run") for line in said), said
+    assert left == {"left": 1, "trials": [{"trial": left["trials"][0]["trial"], "needed_s": 1000.0}],
+                    "time_left_s": 500.0, "deadline_unix": 1500.0}
+    assert any(line.startswith("not started: 1 trial(s) that would outrun the deadline (8m 20s left")
+               for line in said), said
+    assert not (tmp_path / "run" / runner.AUTO_FILE).exists()  # paused, not ended: no final decision
+    # a next job of 500 s: shorter than the trial, which can never fit one; the record says so
+    now[0] = 10_000.0
+    again = runner.run(spec.load(path), tmp_path / "run", echo=said.append, deadline_unix=10_500.0)
+    last = store.read(tmp_path / "run" / "trials.jsonl")[-1]
+    assert (last["status"], last["error"]["type"]) == ("skipped", "NeedsLongerJob")
+    assert again.left == 0 and not (tmp_path / "run" / runner.LEFT_FILE).exists()
 
 
 def test_a_shard_runs_its_part_of_the_plan_and_keeps_to_it(tmp_path: Path) -> None:
@@ -379,3 +401,16 @@ def test_a_shard_runs_its_part_of_the_plan_and_keeps_to_it(tmp_path: Path) -> No
     for bad in ("2/2", "1", "-1/2", "a/b"):
         with pytest.raises(InputError, match="expected I/N with 0 <= I < N"):
             spec.parse_shard(bad)
+
+
+def test_a_multi_node_trial_past_its_timeout_blames_no_node(tmp_path: Path) -> None:
+    from multicard import cluster
+
+    # the planner ended the step; srun killed every node's part: none left an exit status
+    for node in (0, 1):
+        cluster.node_dir(tmp_path, node).mkdir(parents=True)
+        (cluster.node_dir(tmp_path, node) / "node.json").write_text(f'{{"node": {node}, "host": "n{node}"}}')
+    reports = cluster.node_reports(tmp_path, 2)
+    status, error = runner._classify_nodes(tmp_path, reports, None, True, None, 60.0)
+    assert status == "timeout" and error is not None and error["message"] == "killed after 60 s"
+    assert "node" not in error and "collateral" not in error

@@ -26,7 +26,7 @@ PLANNER = """
 line=$(printf '%q ' "$@")
 echo "${line% }" >> "$CALLS"
 echo "SRUN_CPUS_PER_TASK=${SRUN_CPUS_PER_TASK-unset} DEADLINE=${MULTICARD_DEADLINE-unset}" \\
-    "SHARD=${MULTICARD_SHARD-unset}" >> "$CALLS"
+    "SHARD=${MULTICARD_SHARD-unset} REPORT_ELSEWHERE=${MULTICARD_REPORT_ELSEWHERE-unset}" >> "$CALLS"
 trap 'echo "session stopped by TERM" >> "$CALLS"; kill "$!"; exit 143' TERM
 sleep "${FAKE_SESSION_S:-30}" & wait
 if [ -n "${FAKE_LEFT:-}" ]; then echo '{"left": 3}' > "$FAKE_LEFT/left.json"; fi
@@ -242,3 +242,30 @@ def test_a_job_array_runs_one_part_of_the_plan_per_task(tmp_path: Path) -> None:
     done = subprocess.run(["bash", str(SINGLENODE), "table2"], cwd=tmp_path, env=stepped,
                           capture_output=True, text=True, timeout=20)
     assert done.returncode == 2 and "must be a plain range" in done.stderr
+
+
+def test_a_left_json_an_earlier_job_left_behind_does_not_requeue(tmp_path: Path) -> None:
+    runs = tmp_path / "artifact" / "runs" / "mine"
+    runs.mkdir(parents=True)
+    (runs / "left.json").write_text('{"left": 3}')  # an earlier job's; this one's planner fails
+    env = fake_tools(tmp_path) | {"FAKE_SESSION_S": "0", "FAKE_STATUS": "2", "MULTICARD_REQUEUE": "1",
+                                  "MULTICARD_RUN": "mine"}
+    done = subprocess.run(["bash", str(MULTINODE), SPEC], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=20)
+    assert done.returncode == 2 and not any(line.startswith("scontrol") for line in calls(tmp_path))
+    # the nox session inside leaves the report to the report job
+    assert "REPORT_ELSEWHERE=1" in (tmp_path / "calls").read_text()
+
+
+def test_a_checkout_reached_through_a_symlink_is_bound_at_both_paths(tmp_path: Path) -> None:
+    real = tmp_path / "gpfs" / "clone"
+    real.mkdir(parents=True)
+    link = tmp_path / "home-clone"
+    link.symlink_to(real)
+    env = fake_tools(real) | {"FAKE_SESSION_S": "0", "PWD": str(link)}
+    done = subprocess.run(["bash", "-c", f'cd "{link}" && exec bash "{MULTINODE}" {SPEC}'], env=env,
+                          capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0, done.stderr
+    planner = shlex.split(next(line for line in calls(real) if " -m multicard run " in line))
+    wrapper = shlex.split(planner[planner.index("--step-wrapper") + 1])
+    assert wrapper[4:8] == ["--bind", str(link), "--bind", str(real)]

@@ -45,7 +45,7 @@ def discover_runs(path: Path) -> list[Path]:
 def load_run(path: Path) -> RunData:
     spec = specmod.load(path / "spec.toml")
     env_path = path / "env.json"
-    env = json.loads(env_path.read_text()) if env_path.exists() else {}
+    env = _nodes_env(path) or (json.loads(env_path.read_text()) if env_path.exists() else {})
     records, torn = store.read_with_skipped(path / store.TRIALS_FILE)
     store.warn_skipped(path / store.TRIALS_FILE, torn)
     shard = store.read_shard(path)
@@ -83,3 +83,15 @@ def _shard_key(run: RunData) -> tuple[str, int] | None:
     if run.shard is None:
         return None
     return specmod.to_toml(replace(run.spec, path=Path())), run.shard.count
+
+
+def _nodes_env(path: Path) -> dict[str, Any] | None:
+    """A multi-node run's trials ran in the nodes' image, not on the planner's host (env.json):
+    node 0's own environment from the preflight, where it passed."""
+    try:
+        checked = json.loads((path / "preflight.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    nodes = checked.get("nodes") if isinstance(checked, dict) and checked.get("ok") else None
+    first = nodes[0] if isinstance(nodes, list) and nodes and isinstance(nodes[0], dict) else {}
+    return first.get("env") if isinstance(first.get("env"), dict) else None
