@@ -111,8 +111,12 @@ def _take_lease(lease: Path, me: dict[str, Any]) -> None:
     except FileExistsError:
         raise InputError(f"{lease.parent}: another job took this directory's lease just now; wait "
                          "for it or use another --out") from None
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(me))
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(me))
+    except OSError:  # a full disk: no empty lease left behind
+        lease.unlink(missing_ok=True)
+        raise
     if _read_lease(lease) != me:  # another host removed ours and wrote its own meanwhile
         raise InputError(f"{lease.parent}: another job took this directory's lease just now; wait "
                          "for it or use another --out")
