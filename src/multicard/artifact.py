@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import os
 import platform
 import re
@@ -124,6 +125,16 @@ def _escape(name: str) -> tuple[str, str]:
 
 def _unescape(name: str) -> str:
     return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), name)
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path`; None where it is missing, unreadable, torn or not an object
+    (a file another process or node writes, read without trusting it)."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import math
 import re
 import shlex
@@ -38,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multicard import artifact
 from multicard.errors import InputError
 from multicard.launch import NODE_RANK_SLOT
 
@@ -70,6 +70,11 @@ class Launcher:
     def is_srun(self) -> bool:
         return self.words == ("srun",)
 
+    @property
+    def runs_planner_python(self) -> bool:
+        """The nodes run the planner's own interpreter (no wrapper): its paths hold there too."""
+        return not self.step_wrapper and self.node_python == sys.executable
+
 
 NNODES_SLOT = "{nnodes}"
 
@@ -89,8 +94,7 @@ def srun_flags(nnodes: int, gpus_per_node: int, exported: Sequence[str]) -> list
 
 def step_exported(env: Mapping[str, str], launcher: Launcher) -> list[str]:
     """The names of `env` a step passes on to the nodes (see STEP_EXPORTED_PREFIXES)."""
-    own_python = not launcher.step_wrapper and launcher.node_python == sys.executable
-    names = STEP_EXPORTED_NAMES + (PLANNER_PYTHON_NAMES if own_python else ())
+    names = STEP_EXPORTED_NAMES + (PLANNER_PYTHON_NAMES if launcher.runs_planner_python else ())
     return sorted(k for k in env if k in names or k.startswith(STEP_EXPORTED_PREFIXES))
 
 
@@ -166,9 +170,8 @@ def step_argv(launcher: Launcher, nnodes: int, part: NodePart, command: Sequence
     node_step = [launcher.node_python, "-m", "multicard.node_step", "--nnodes", str(nnodes),
                  "--node-rank-env", launcher.node_rank_env, "--dir", str(part.trial_dir),
                  "--ranks-per-node", str(part.ranks_per_node)]
-    own_python = not launcher.step_wrapper and launcher.node_python == sys.executable
     for key, value in sorted(part.extra_env.items()):
-        node_step += ["--env", f"{key}={portable_value(key, value, own_python)}"]
+        node_step += ["--env", f"{key}={portable_value(key, value, launcher.runs_planner_python)}"]
     if part.page_cache:  # every node's own page cache, not just the planner's
         node_step += ["--page-cache", part.page_cache[0], "--page-cache-tree", str(part.page_cache[1])]
         node_step += ["--stage-dir", str(part.stage_dir)] if part.stage_dir else []
@@ -242,14 +245,8 @@ def node_dir(trial_dir: Path, rank: int) -> Path:
 def node_reports(trial_dir: Path, nnodes: int) -> list[dict[str, Any]]:
     """What each node's part recorded (node.json), in node order; a node that never started its
     part, or died before writing, has `{"node": R, "started": false}` or no `returncode`."""
-    reports = []
-    for rank in range(nnodes):
-        try:
-            found = json.loads((node_dir(trial_dir, rank) / NODE_JSON).read_text())
-        except (OSError, json.JSONDecodeError):
-            found = None
-        reports.append(found if isinstance(found, dict) else {"node": rank, "started": False})
-    return reports
+    return [artifact.read_json_object(node_dir(trial_dir, rank) / NODE_JSON) or
+            {"node": rank, "started": False} for rank in range(nnodes)]
 
 
 # srun's own words for a task the cgroup's OOM killer hit ("tasks 1-3" for several)

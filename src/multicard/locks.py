@@ -33,6 +33,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from multicard import artifact
 from multicard.errors import InputError
 
 # what a file system without flock answers (Lustre noflock: ENOSYS; NFS without lockd: ENOLCK)
@@ -117,7 +118,7 @@ def _take_lease(lease: Path, me: dict[str, Any]) -> None:
     except OSError:  # a full disk: no empty lease left behind
         lease.unlink(missing_ok=True)
         raise
-    if _read_lease(lease) != me:  # another host removed ours and wrote its own meanwhile
+    if artifact.read_json_object(lease) != me:  # another host removed ours and wrote its own meanwhile
         raise InputError(f"{lease.parent}: another job took this directory's lease just now; wait "
                          "for it or use another --out")
 
@@ -135,7 +136,7 @@ def run_lock(out: Path) -> Iterator[None]:
         raise InputError(f"{out}: another multicard run is using this directory") from None
     lease, me = out / OWNER_FILE, owner()
     try:
-        if (held := _read_lease(lease)) and (why := lease_refusal(held, me, lease)):
+        if (held := artifact.read_json_object(lease)) and (why := lease_refusal(held, me, lease)):
             raise InputError(f"{out}: {why}; or use another --out")
         _take_lease(lease, me)
         try:
@@ -145,14 +146,6 @@ def run_lock(out: Path) -> Iterator[None]:
                 lease.unlink()
     finally:
         lock.release()
-
-
-def _read_lease(lease: Path) -> dict[str, Any] | None:
-    try:
-        held = json.loads(lease.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return held if isinstance(held, dict) else None
 
 
 @contextlib.contextmanager

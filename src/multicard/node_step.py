@@ -27,14 +27,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import multicard
 from multicard import artifact, cluster, launch, observe, telemetry
 from multicard.cli import OneLineParser
-from multicard.data import page_cache, scenario_b
+from multicard.data import page_cache
 from multicard.errors import InputError
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-PACKAGE_DIR = str(Path(multicard.__file__).resolve().parent)  # this node's multicard
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -76,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"multicard.node_step: error: {exc}", file=sys.stderr)
         return 2
-    command = [cluster.fill_slots(word, rank, sys.executable, PACKAGE_DIR) for word in args.command]
+    command = [cluster.fill_slots(word, rank, sys.executable, cluster.PACKAGE_DIR) for word in args.command]
     where = cluster.node_dir(args.dir, rank)
     where.mkdir(parents=True, exist_ok=True)
     report = describe_node(rank, command, args.ranks_per_node)
@@ -100,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 def node_env(args: argparse.Namespace, rank: int) -> dict[str, str]:
     """The trial's environment on this node: the pairs the planner gave, this node's GPUs and
     its own allocation's threads."""
-    extra = {key: cluster.fill_slots(value, rank, sys.executable, PACKAGE_DIR)
+    extra = {key: cluster.fill_slots(value, rank, sys.executable, cluster.PACKAGE_DIR)
              for key, value in (pair.split("=", 1) for pair in args.env)} | {"MULTICARD_NODE": str(rank)}
     if telemetry.visible_gpus():  # a GPU node: this node's part of the trial sees its own GPUs only
         extra |= launch.own_gpus("cuda", args.ranks_per_node, os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -113,6 +111,8 @@ def set_page_cache(mode: str, tree: Path, stage_dir: Path | None, env: dict[str,
     reaches the disk on the tree's file system."""
     staged = None
     if stage_dir is not None:
+        from multicard.data import scenario_b  # numpy with it: only where a tree is staged
+
         staged = scenario_b.stage(tree, stage_dir)
         tree, env["MULTICARD_CACHE_DIR"] = Path(staged["to"]), str(stage_dir)
     page_cache.apply(mode, tree)

@@ -54,7 +54,7 @@ def problems(step_dir: Path, nnodes: int, gpus_per_node: int, returncode: int | 
               for r in reports if r.get("started", True) and r.get("returncode", 1) != 0]
     if timed_out:
         found.append(f"the step did not end within {TIMEOUT_S} s")
-    seen = [_read(node_file(step_dir, n)) for n in range(nnodes)]
+    seen = [artifact.read_json_object(node_file(step_dir, n)) for n in range(nnodes)]
     return found + _compare(seen, gpus_per_node, version)
 
 
@@ -80,15 +80,8 @@ def _compare(seen: Sequence[dict[str, Any] | None], gpus_per_node: int, version:
 def summary(step_dir: Path, nnodes: int, found: list[str], wall_s: float) -> dict[str, Any]:
     """preflight.json: whether it passed, why not, and what each node said of itself."""
     return {"ok": not found, "problems": found, "wall_s": round(wall_s, 3),
-            "dir": step_dir.name, "nodes": [_read(node_file(step_dir, n)) for n in range(nnodes)]}
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return found if isinstance(found, dict) else None
+            "dir": step_dir.name,
+            "nodes": [artifact.read_json_object(node_file(step_dir, n)) for n in range(nnodes)]}
 
 
 def last_line(text: str, prefix: str) -> str:

@@ -141,7 +141,7 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
     A trial with nnodes > 1 is one step of `nodes.launcher` (one part per node, multicard.cluster),
     after a preflight step over the nodes; this process alone plans, and alone writes `out`'s
     records. No trial starts whose estimate reaches past `deadline_unix` (a job's time limit):
-    the run ends there with the rest left for the next (`RunOutcome.left`).
+    those are left for the next run (`RunOutcome.left`, left.json), the others still run.
     """
     if any(int(s["nnodes"]) > 1 for _, _, s in specmod.configs(spec)) and nodes is None:
         raise InputError(f"{spec.path}: nnodes > 1 needs --rdzv-endpoint HOST:PORT (on the first "
@@ -307,7 +307,7 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
             _run_recorded(spec, planned_trial, out, data_dir, nodes, trials_file)
         append_record(trials_file, record)
         GATE.check()  # a stop that came after the trial ended: its record is safe now
-        tally.add(record, f"{describe(planned_trial)}", index)
+        tally.add(record, describe(planned_trial), index)
     if tally.left_for_later:
         _leave_for_later(out, tally.left_for_later, deadline_unix or 0.0, echo)
     else:  # a run that paused for the deadline has not ended: no final auto decision
@@ -535,6 +535,12 @@ def _trial_dir(out: Path, planned: PlannedTrial) -> tuple[Path, int]:
     return _fresh_dir(out / "raw" / f"{trial_stem(planned)}-a")
 
 
+def trial_settings(planned: PlannedTrial) -> dict[str, Any]:
+    """The settings a trial runs with: its config's, seeded by its trial number (independent
+    samples, reproducible)."""
+    return {**planned.params, "seed": int(planned.params["seed"]) + planned.trial}
+
+
 def trial_stem(planned: PlannedTrial) -> str:
     return f"{planned.config_id}-t{planned.trial}" + (f"-{planned.trace}" if planned.trace != "none" else "")
 
@@ -586,8 +592,7 @@ def dry_run(spec: Spec, out: Path, data_dir: Path | None = None, nodes: Nodes | 
     skip = store.finished(records) | store.censored(records)
     shown = []
     for planned in (p for p in specmod.plan(spec) if p.key not in skip and (shard is None or shard.holds(p))):
-        settings = dict(planned.params)
-        settings["seed"] = int(settings["seed"]) + planned.trial
+        settings = trial_settings(planned)
         argv, _ = trial_command(spec, planned, out, data_dir, out / "raw" / f"{trial_stem(planned)}-a0", 0,
                                 settings, nodes)
         parts = cluster.step_parts(argv) if int(settings["nnodes"]) > 1 else [argv]
@@ -599,8 +604,7 @@ def run_trial(spec: Spec, planned: PlannedTrial, out: Path, data_dir: Path,
               nodes: Nodes | None = None) -> dict[str, Any]:
     """Launch one trial, wait for it (with the spec's timeout) and return its record."""
     trial_dir, attempt = _trial_dir(out, planned)
-    settings = dict(planned.params)
-    settings["seed"] = int(settings["seed"]) + planned.trial  # independent samples, reproducible
+    settings = trial_settings(planned)
     kind = kinds.KINDS[spec.workload]
     argv, env = trial_command(spec, planned, out, data_dir, trial_dir, attempt, settings, nodes)
     changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
@@ -895,8 +899,8 @@ def rank_failure(trial_dir: Path, ranks: range | None = None) -> dict[str, Any] 
     """The cause a rank named itself (failure-rank<R>.json), the lowest rank's first (among
     `ranks` where given: one node's)."""
     for path in sorted(trial_dir.glob("failure-rank*.json")):
-        if ranks is not None and not (path.stem[len("failure-rank"):].isdigit()
-                                      and int(path.stem[len("failure-rank"):]) in ranks):
+        number = path.stem.removeprefix("failure-rank")
+        if ranks is not None and not (number.isdigit() and int(number) in ranks):
             continue
         try:
             found = json.loads(path.read_text())
@@ -922,7 +926,7 @@ def classify(returncode: int | None, timed_out: bool, stderr_tail: str,
         return "failed", {"type": str(named["type"]), "message": str(named["message"]),
                           "stderr_tail": tail}
     kind, message = root_exception(tail)
-    if any(p in tail for p in OOM_PATTERNS):
+    if is_oom(tail):
         return "oom", {"type": kind or "OutOfMemory", "message": message or "out of memory",
                        "stderr_tail": tail}
     for pattern, name in CAUSES:

@@ -45,6 +45,15 @@ def fake_slurm(tmp_path: Path, **scenario: str) -> dict[str, str]:
             **{f"FAKE_SRUN_{key.upper()}": value for key, value in scenario.items()}}
 
 
+def training_spec(tmp_path: Path, count: int) -> Path:
+    """Trials long enough to be hit mid-training: the NUMA probe writes its snapshot
+    (numa/rank<R>-rank-*) mid-epoch 0, and three more epochs of 20 steps each remain then."""
+    longer = {**ONE_CONFIG["fixed"], "epochs": 4, "max_steps": 20, "train_subset": 512,
+              "numa_evidence": True}
+    return write_spec(tmp_path, fixed=longer, grid=ONE_CONFIG["grid"],
+                      trials={"count": count, "timeout_s": 300})
+
+
 def planner(spec: Path, out: Path, env: dict[str, str], endpoint: str,
             timeout_s: float = 600, *more: str) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "multicard", "run", str(spec), "--nnodes", "2",
@@ -102,10 +111,7 @@ def test_a_run_whose_node_1_died_mid_trial_resumes(tmp_path: Path) -> None:
     # The node dies on a sign of training, not after a delay: a fast machine finishes a short
     # trial within any fixed delay. The NUMA probe writes its snapshot mid-epoch 0; three more
     # epochs of 20 steps each remain when it appears.
-    longer = {**ONE_CONFIG["fixed"], "epochs": 4, "max_steps": 20, "train_subset": 512,
-              "numa_evidence": True}
-    spec = write_spec(tmp_path, fixed=longer, grid=ONE_CONFIG["grid"],
-                      trials={"count": 2, "timeout_s": 300})
+    spec = training_spec(tmp_path, 2)
     out, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
     # step 2 (the second trial, after the preflight and the first): node 1 dies as soon as its
     # rank (rank 1) is seen training
@@ -161,10 +167,7 @@ def test_rank_0_is_on_node_0_when_node_1_starts_first(tmp_path: Path) -> None:
 
 def test_a_planner_told_to_stop_mid_step_records_it_and_leaves_nothing_running(tmp_path: Path) -> None:
     # stopped on a sign of training (the NUMA probe's mid-epoch snapshot), not after a delay
-    longer = {**ONE_CONFIG["fixed"], "epochs": 4, "max_steps": 20, "train_subset": 512,
-              "numa_evidence": True}
-    spec = write_spec(tmp_path, fixed=longer, grid=ONE_CONFIG["grid"],
-                      trials={"count": 1, "timeout_s": 300})
+    spec = training_spec(tmp_path, 1)
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "multicard", "run", str(spec), "--nnodes", "2", "--rdzv-endpoint",
             f"127.0.0.1:{free_port()}", "--out", str(out)]
@@ -248,10 +251,7 @@ def test_trials_that_stop_starting_mid_run_stop_it(tmp_path: Path) -> None:
 def test_an_oom_on_node_1_is_recorded_as_node_1s_oom(tmp_path: Path) -> None:
     # the cgroup OOM killer of node 1 kills its rank mid-training (step 1: the first trial);
     # --kill-on-bad-exit then ends node 0's part, which is collateral, not the cause
-    longer = {**ONE_CONFIG["fixed"], "epochs": 4, "max_steps": 20, "train_subset": 512,
-              "numa_evidence": True}
-    spec = write_spec(tmp_path, fixed=longer, grid=ONE_CONFIG["grid"],
-                      trials={"count": 1, "timeout_s": 300})
+    spec = training_spec(tmp_path, 1)
     out = tmp_path / "run"
     done = planner(spec, out, fake_slurm(tmp_path, oom="1:1:0:numa/rank1-rank-*"),
                    f"127.0.0.1:{free_port()}")

@@ -8,7 +8,6 @@ import fcntl
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -104,14 +103,12 @@ def test_a_wait_for_a_lock_ends_with_one_line(tmp_path: Path) -> None:
     holder = os.open(lock_file, os.O_RDWR | os.O_CREAT)
     fcntl.flock(holder, fcntl.LOCK_EX)  # another run preparing inputs
     said: list[str] = []
-    t0 = time.monotonic()
     try:
         with pytest.raises(InputError, match=r"waited 0.5 s for another run preparing"), \
                 locks.waiting_lock(lock_file, "another run preparing inputs", 0.5, said.append):
             pass
     finally:
         os.close(holder)
-    assert time.monotonic() - t0 < 30
     assert said == ["waiting for another run preparing inputs (up to 0.5 s)"]
     with locks.waiting_lock(lock_file, "another run preparing inputs", 0.5, said.append):
         pass  # free again

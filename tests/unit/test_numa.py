@@ -286,5 +286,6 @@ def test_a_job_on_one_socket_of_two_binds_within_its_allocation() -> None:
 def test_the_memory_nodes_a_process_may_use_come_from_its_status() -> None:
     assert numa.allowed_memory_nodes("Name:\tx\nMems_allowed:\t3\nMems_allowed_list:\t0-1,3\n") == {0, 1, 3}
     assert numa.allowed_memory_nodes("Name:\tx\n") is None
-    # this process's own: every node it may allocate on is a node of the machine
+    # this process's own: every node it may allocate on is a node of the machine (node 0 where
+    # the machine shows no node folders in sysfs, as some containers do)
     assert numa.allowed_memory_nodes() <= {n.node for n in numa.live(with_links=False).nodes} | {0}

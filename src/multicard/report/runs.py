@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from multicard import gpu_state, store
+from multicard import artifact, gpu_state, store
 from multicard import spec as specmod
 from multicard.errors import InputError
 from multicard.spec import Shard, Spec
@@ -88,10 +88,7 @@ def _shard_key(run: RunData) -> tuple[str, int] | None:
 def _nodes_env(path: Path) -> dict[str, Any] | None:
     """A multi-node run's trials ran in the nodes' image, not on the planner's host (env.json):
     node 0's own environment from the preflight, where it passed."""
-    try:
-        checked = json.loads((path / "preflight.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    nodes = checked.get("nodes") if isinstance(checked, dict) and checked.get("ok") else None
+    checked = artifact.read_json_object(path / "preflight.json") or {}
+    nodes = checked.get("nodes") if checked.get("ok") else None
     first = nodes[0] if isinstance(nodes, list) and nodes and isinstance(nodes[0], dict) else {}
     return first.get("env") if isinstance(first.get("env"), dict) else None
