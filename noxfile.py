@@ -95,10 +95,12 @@ def tests_slow(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def lint(session: nox.Session) -> None:
-    """ruff over the package, tests, benchmarks, the container and lock tools, and this file."""
+    """ruff over the package, tests, benchmarks, the container, lock and import-graph tools, and
+    this file; then the package's import graph against its pipeline order (tools/import_graph.py)."""
     python = dev_python(session)
     session.run(python, "-m", "ruff", "check", "src", "tests", "benchmarks", "containers", "requirements",
-                "noxfile.py")
+                "tools", "noxfile.py")
+    session.run(python, "tools/import_graph.py", "--check")
 
 
 @nox.session(python=False)
@@ -323,7 +325,7 @@ def _budget_plan(session: nox.Session, python: str, out: Path, duration: str | N
 
 def _seconds(session: nox.Session, python: str, duration: str) -> float:
     """`--budget`'s duration in seconds, parsed as `multicard plan` parses it."""
-    parsed = session.run(python, "-c", "import sys; from multicard.budget import parse_duration; "
+    parsed = session.run(python, "-c", "import sys; from multicard.judge.budget import parse_duration; "
                          "print(parse_duration(sys.argv[1]))", duration, silent=True)
     return float(str(parsed).strip())
 

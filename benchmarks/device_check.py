@@ -56,24 +56,17 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:  # a bare checkout: no install needed
     sys.path.insert(0, str(ROOT / "src"))
 
-from multicard import (  # noqa: E402
-    artifact,
-    calibrate,
-    cost,
-    gpu_state,
-    launch,
-    params,
-    report,
-    runner,
-    stats,
-    store,
-    telemetry,
-)
-from multicard import spec as specmod  # noqa: E402
+from multicard import integrity  # noqa: E402
 from multicard.errors import InputError  # noqa: E402
-from multicard.precision import PRECISIONS  # noqa: E402
+from multicard.judge import stats  # noqa: E402
+from multicard.measure import environment, gpu_state, telemetry  # noqa: E402
+from multicard.plan import calibrate, cost, launch, params  # noqa: E402
+from multicard.plan import spec as specmod  # noqa: E402
+from multicard.plan.precision import PRECISIONS  # noqa: E402
 from multicard.profiling import nsys  # noqa: E402
-from multicard.stopping import GATE, Interrupted, stop_on_signals  # noqa: E402
+from multicard.publish import document  # noqa: E402
+from multicard.run import runner, store  # noqa: E402
+from multicard.run.stopping import GATE, Interrupted, stop_on_signals  # noqa: E402
 
 TARGET_S = 8 * 60
 STEP_CLOCK_TOLERANCE = 0.05
@@ -279,7 +272,7 @@ def print_plan(plan: dict[str, specmod.Spec], out: Path, learned: Learned, devic
         total += seconds
     verdict = "within" if total <= TARGET_S else "OVER"
     how = (f"learned from {learned.trials} trial(s) run" if learned.trials
-           else "the cost model's guesses, multicard.cost")
+           else "the cost model's guesses, multicard.plan.cost")
     echo(f"total: estimated {runner.format_duration(total)} ({verdict} the "
          f"{runner.format_duration(TARGET_S)} target; {how})")
     return total
@@ -311,8 +304,8 @@ def run_plain_round(s: specmod.Spec, out: Path, t: int, device: str, echo: Calla
     window = WINDOW_MARGIN[device] * WINDOW_S[device] if t == 0 and not records_of(out, "harness") else None
     why = run_plain_loop(s, out / "plain_loop" / f"round-{t}.json", round_loops(t), window)
     if why is not None:
-        artifact.write_text_atomic(out / "plain_loop" / f"failed-{t}.json",
-                                   json.dumps({"round": t, "why": why}, indent=1))
+        integrity.write_text_atomic(out / "plain_loop" / f"failed-{t}.json",
+                                    json.dumps({"round": t, "why": why}, indent=1))
         echo(f"plain loop, round {t}: {why}")
 
 
@@ -360,9 +353,9 @@ def run_plain_loop(s: specmod.Spec, path: Path, loops: tuple[str, ...], window_s
     try:  # a hung loop (an NCCL or CUDA init that never returns) must not take the whole slot
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=s.timeout_s)
     except subprocess.TimeoutExpired as exc:
-        artifact.write_text_atomic(log, _text(exc.stdout) + _text(exc.stderr))
+        integrity.write_text_atomic(log, _text(exc.stdout) + _text(exc.stderr))
         return f"timed out after {s.timeout_s:g} s (the spec's trial timeout); see {log.name}"
-    artifact.write_text_atomic(log, done.stdout + done.stderr)
+    integrity.write_text_atomic(log, done.stdout + done.stderr)
     if done.returncode == 0:
         return None
     return (f"failed (exit {done.returncode}); see {log.name}: "
@@ -590,13 +583,13 @@ def write_checks(out: Path, rows: list[dict[str, Any]], summary: dict[str, Any])
     import pandas as pd
     from tabulate import tabulate
 
-    artifact.write_text_atomic(out / "device_check.json",
-                               json.dumps({"summary": summary, "trials": rows}, indent=1))
+    integrity.write_text_atomic(out / "device_check.json",
+                                json.dumps({"summary": summary, "trials": rows}, indent=1))
     (out / "tables").mkdir(exist_ok=True)
     frame = pd.DataFrame(rows)
-    artifact.write_text_atomic(out / "tables" / "device_check.csv", frame.to_csv(index=False))
+    integrity.write_text_atomic(out / "tables" / "device_check.csv", frame.to_csv(index=False))
     table = tabulate(frame, headers="keys", tablefmt="github", showindex=False, floatfmt=".4g")
-    artifact.write_text_atomic(out / "tables" / "device_check.md", table + "\n")
+    integrity.write_text_atomic(out / "tables" / "device_check.md", table + "\n")
 
 
 def clocks_held_down(run_dirs: list[Path]) -> dict[str, float | None] | None:
@@ -662,12 +655,12 @@ def checkpoint(out: Path, plan: dict[str, specmod.Spec], device: str, skipped: d
                "clocks_held_down_s": clocks_held_down([out / name for name in ran])}
     write_checks(out, rows, summary)
     if final and ran:
-        report.write_report([out / name for name in ran], out, claim_list=None)
+        document.write_report([out / name for name in ran], out, claim_list=None)
         with (out / "REPORT.md").open("a", encoding="utf-8") as f:
             f.write("\n".join(["", "## Device check", "", *(f"- {line}" for line in summary_lines(summary)),
                                "", "Per trial: `tables/device_check.md`; all numbers: `device_check.json`.",
                                ""]))
-    artifact.write_checksums(out)
+    integrity.write_checksums(out)
     return summary
 
 
@@ -759,10 +752,10 @@ def record_environment(out: Path, gpus: list[Any]) -> None:
     """env.json on the first call; a later one records its own beside it, on the same GPU model
     only (a run continued on another machine would mix two machines' numbers)."""
     out.mkdir(parents=True, exist_ok=True)
-    env = artifact.capture_env(ROOT / "data")
+    env = environment.capture_env(ROOT / "data")
     first = out / "env.json"
     if not first.exists():
-        artifact.write_text_atomic(first, json.dumps(env, indent=1))
+        integrity.write_text_atomic(first, json.dumps(env, indent=1))
         return
     model = {g.name for g in gpus} or {"cpu"}
     started_on = {g.get("name") for g in json.loads(first.read_text()).get("gpus") or []} or {"cpu"}
@@ -770,7 +763,7 @@ def record_environment(out: Path, gpus: list[Any]) -> None:
         raise InputError(f"{out}: started on {', '.join(sorted(started_on))}; this machine has "
                          f"{', '.join(sorted(model))}: continue it there, or use another --out")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    artifact.write_text_atomic(out / f"env-resume-{stamp}.json", json.dumps(env, indent=1))
+    integrity.write_text_atomic(out / f"env-resume-{stamp}.json", json.dumps(env, indent=1))
 
 
 def finish_status(summary: dict[str, Any], skipped: dict[str, str], out: Path, seconds: float) -> int:

@@ -3,7 +3,7 @@ device check holds the harness against, like for like.
 
     python3 benchmarks/plain_loop.py --out FILE --order ddp,bare -- --device cuda --precision fp16 ...
 
-The flags after `--` are the vision workload's (multicard.params.VISION), the same a harness trial
+The flags after `--` are the vision workload's (multicard.plan.params.VISION), the same a harness trial
 gets: the same model, precision policy, TF32 switches, cuDNN setting, optimizer, warm-up (its
 steps, then the model, optimizer and GradScaler reset), resident batch (the synthetic loader's),
 and `epochs x max_steps` timed steps. What it leaves out is the harness: torchrun, the loader's
@@ -51,11 +51,11 @@ import torch.distributed as dist  # noqa: E402
 import torchvision  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from multicard import cost, precision  # noqa: E402
-from multicard.artifact import write_text_atomic  # noqa: E402
+from multicard.integrity import write_text_atomic  # noqa: E402
 from multicard.loaders import LOADERS  # noqa: E402
+from multicard.measure.timing import warmup_batch_sizes  # noqa: E402
+from multicard.plan import cost, precision  # noqa: E402
 from multicard.profiling.capture import NoTracer  # noqa: E402
-from multicard.timing import warmup_batch_sizes  # noqa: E402
 from multicard.workloads import vision  # noqa: E402
 
 LOOPS = ("ddp", "bare", "timm")

@@ -95,7 +95,7 @@ def added_pip_problems(base: str, now: str) -> list[str]:
 
 def nvml_problems() -> list[str]:
     """multicard's NVML bindings must be nvidia-ml-py's, with the instantaneous power field."""
-    from multicard import nvml
+    from multicard.measure import nvml
 
     module = nvml.bindings()
     if not hasattr(module, "NVML_FI_DEV_POWER_INSTANT"):
@@ -135,10 +135,10 @@ def main(argv: list[str]) -> int:
             print(f"check_image: the base's own pip check: {line}")
     for problem in issues:
         print(f"check_image: {problem}", file=sys.stderr)
-    from multicard import artifact, nvml
+    from multicard.measure import environment, nvml
 
     print(f"check_image ({expected_file.name}): " + ", ".join(f"{k} {v}" for k, v in found.items()))
-    print(f"check_image: NVML bindings: {nvml.describe()}; torchao's C++ ops: {artifact.torchao_ops()}")
+    print(f"check_image: NVML bindings: {nvml.describe()}; torchao's C++ ops: {environment.torchao_ops()}")
     return 1 if issues else 0
 
 

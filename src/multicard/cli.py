@@ -18,28 +18,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
-from multicard.errors import InputError
+from multicard.errors import InputError, OneLineParser
 
 if TYPE_CHECKING:  # the commands import what they need when they run: `multicard --help` stays fast
-    from multicard.runner import Nodes
-    from multicard.spec import PlannedTrial, Shard, Spec
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a usage error on one line (exit 2) instead of usage + message, and
-    takes no abbreviations (`--node-rank` must not be read as `--node-rank-env`)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **{**kwargs, "allow_abbrev": False})
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+    from multicard.plan.spec import PlannedTrial, Shard, Spec
+    from multicard.run.runner import Nodes
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from multicard import spec
+    from multicard.plan import spec
 
     if args.save_budget is not None and args.budget is None:
         raise InputError("plan: --save-budget FILE needs --budget DURATION")
@@ -49,7 +38,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plans = [spec.plan(s, None, args.trace) for s in specs]
     rates = _calibration(args.calibrate, args.save_calibration)
     if args.json:
-        from multicard import calibrate
+        from multicard.plan import calibrate
 
         print(json.dumps([{"config_id": p.config_id, "config": p.config, "trial": p.trial}
                           | ({"trace": p.trace} if p.trace != "none" else {})
@@ -70,7 +59,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         seconds, hours = _print_plan(s, planned, table=len(specs) == 1 and not args.summary, rates=rates)
         wall, device_hours = wall + seconds, device_hours + hours
     if len(specs) > 1:
-        from multicard.runner import format_duration
+        from multicard.run.runner import format_duration
 
         print(f"\ntotal: {sum(len(p) for p in plans)} trials; estimated {format_duration(wall)} "
               f"wall, {device_hours:.2f} device-hours (GPU-hours for cuda specs).")
@@ -82,7 +71,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _load_spec(path: Path, profile: str, settings: dict[str, Any], args: argparse.Namespace) -> Spec:
     """One spec as the command line asks: --set, --trials, and a saved --budget-plan's choice."""
-    from multicard import budget, spec
+    from multicard.judge import budget
+    from multicard.plan import spec
 
     if args.budget_plan is not None:
         if args.trials is not None:
@@ -94,7 +84,7 @@ def _load_spec(path: Path, profile: str, settings: dict[str, Any], args: argpars
 
 def _calibration(paths: list[Path], save: Path | None) -> dict[str, Any]:
     """Rates fitted from the runs (or calibration files) given, saved where asked."""
-    from multicard import calibrate
+    from multicard.plan import calibrate
 
     if save is not None and not paths:
         raise InputError("plan: --save-calibration FILE needs --calibrate RUN... (nothing to save)")
@@ -111,9 +101,9 @@ def _calibration(paths: list[Path], save: Path | None) -> dict[str, Any]:
 
 def _fitted(path: Path) -> dict[str, Any]:
     """The rates of the runs under `path`, the best run per key."""
-    from multicard import calibrate
-    from multicard.report.runs import discover_runs, load_run
-    from multicard.spec import configs
+    from multicard.plan import calibrate
+    from multicard.plan.spec import configs
+    from multicard.publish.runs import discover_runs, load_run
 
     rates: dict[str, Any] = {}
     for run in (load_run(d) for d in discover_runs(path)):
@@ -135,7 +125,8 @@ def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool,
     """Print one spec's plan (its trial table when `table`); return (wall s, device-hours)."""
     from tabulate import tabulate
 
-    from multicard import calibrate, cost, runner, spec
+    from multicard.plan import calibrate, cost, spec
+    from multicard.run import runner
 
     estimates = [calibrate.estimate(s.workload, p.params, rates or {}, p.trace) for p in planned]
     seconds = [e.seconds for e in estimates]
@@ -152,7 +143,7 @@ def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool,
     unit = cost.device_unit(str(s.fixed.get("device", "cuda")))
     configs = len(spec.configs(s))
     if s.auto:
-        from multicard import adaptive
+        from multicard.judge import adaptive
 
         print(f"{s.name}: trials auto: {s.auto.pilot_rounds} pilot rounds set the count (not "
               f"judged), then {s.auto.min_judged} to {s.auto.max_rounds - s.auto.pilot_rounds} "
@@ -172,7 +163,7 @@ def _print_plan(s: Spec, planned: list[PlannedTrial], table: bool,
 def _claims_beside(paths: list[Path], questions: bool = True) -> list[Any]:
     """The claims beside the specs (experiments/ for the paper's), else the paper's own; and the
     artifact's own questions beside them."""
-    from multicard import claims
+    from multicard.judge import claims
 
     folder = _claims_folder(paths)
     names = (claims.FILE_NAME, claims.QUESTIONS_FILE) if questions else (claims.FILE_NAME,)
@@ -181,7 +172,7 @@ def _claims_beside(paths: list[Path], questions: bool = True) -> list[Any]:
 
 def _print_decidable(specs: list[Spec], paths: list[Path]) -> None:
     """Which claims each spec's run can decide as planned, and which none of them can."""
-    from multicard import claims
+    from multicard.judge import claims
 
     claim_list = _claims_beside(paths, questions=False)
     for s in specs:
@@ -195,7 +186,7 @@ def _print_decidable(specs: list[Spec], paths: list[Path]) -> None:
 def _decided_text(claim_list: list[Any], specs: list[Spec], empty: str, all_parts: bool = True) -> str:
     """`C1, C2, C10 (1 of 2 parts)`: the claims (or, all_parts False, the ones missing) with
     how many of their parts the specs can decide where it is not all or none."""
-    from multicard import claims
+    from multicard.judge import claims
 
     texts = []
     for claim in claim_list:
@@ -212,7 +203,7 @@ def _print_power(specs: list[Spec], paths: list[Path], cv: float) -> None:
     the spec that decides it, and the fewest trials for 80 % (power.py, seed 0, 100 draws)."""
     from tabulate import tabulate
 
-    from multicard import claims, power
+    from multicard.judge import claims, power
 
     claim_list = _claims_beside(paths, questions=False)
     folder = _claims_folder(paths)
@@ -236,7 +227,7 @@ def _print_power(specs: list[Spec], paths: list[Path], cv: float) -> None:
 
 
 def _claims_folder(paths: list[Path]) -> Path:
-    from multicard import claims
+    from multicard.judge import claims
 
     beside = paths[0].parent
     return beside if (beside / claims.FILE_NAME).is_file() else claims.default_file().parent
@@ -248,7 +239,7 @@ def _budget_power(claim_list: list[Any], folder: Path, cv: float) -> Callable[[A
     lowers it with the trials (budget.verdict_minimum), and so does the simulation."""
     import functools
 
-    from multicard import budget, power
+    from multicard.judge import budget, power
 
     by_id = {c.id: c for c in claim_list}
 
@@ -271,8 +262,9 @@ def _print_budget(specs: list[Spec], traced: list[int], paths: list[Path], rates
                   text: str, save: Path | None, cv: float = 0.02) -> int:
     """Fit the specs into the budget and say what each experiment and claim gave up (saved to
     `save` for `run --budget-plan`); 1 when no plan fits (nothing saved, the least plan said)."""
-    from multicard import budget, calibrate
-    from multicard.runner import format_duration
+    from multicard.judge import budget
+    from multicard.plan import calibrate
+    from multicard.run.runner import format_duration
 
     seconds = budget.parse_duration(text)
     # the claims beside the specs (experiments/ for the paper's), else the paper's own
@@ -312,7 +304,7 @@ def _print_claims_given_up(choices: tuple[Any, ...], claim_list: list[Any],
                            power: Callable[[Any, int], float | None], cv: float) -> None:
     """Per claim, what the experiments it reads gave up (dropped configs are none it reads), and
     where their trials went down, its power where the paper is right before and after."""
-    from multicard import budget
+    from multicard.judge import budget
 
     lost = {c.experiment.name: budget.given_up(c, by_claims=True) for c in choices}
     for claim in claim_list:
@@ -339,13 +331,14 @@ def _estimate_json(found: Any) -> dict[str, Any]:
 def _provenance(estimates: list[Any]) -> str:
     measured = sum(e.how == "measured" for e in estimates)
     if not measured:
-        return "Cost model: src/multicard/cost.py, guessed (CUDA rates are estimates)."
+        return "Cost model: src/multicard/plan/cost.py, guessed (CUDA rates are estimates)."
     return (f"{measured} of {len(estimates)} trial estimates measured (plan --calibrate), "
-            f"{len(estimates) - measured} guessed (src/multicard/cost.py).")
+            f"{len(estimates) - measured} guessed (src/multicard/plan/cost.py).")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from multicard import runner, spec
+    from multicard.plan import spec
+    from multicard.run import runner
 
     if args.rdzv_endpoint is not None:
         rendezvous_endpoint(args.rdzv_endpoint)
@@ -373,7 +366,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _show_dry_run(s: Spec, out: Path, args: argparse.Namespace, nnodes: int) -> int:
-    from multicard import runner
+    from multicard.run import runner
 
     nodes = _nodes(args, nnodes, check_allocation=False) if nnodes > 1 else None
     shown = runner.dry_run(s, out, nodes=nodes, shard=_shard(args))
@@ -387,7 +380,7 @@ def _show_dry_run(s: Spec, out: Path, args: argparse.Namespace, nnodes: int) -> 
 
 def _shard(args: argparse.Namespace) -> Shard | None:
     """--shard I/N, else $MULTICARD_SHARD (the single-node template sets it in a job array)."""
-    from multicard import spec
+    from multicard.plan import spec
 
     text = args.shard or os.environ.get("MULTICARD_SHARD")
     return spec.parse_shard(text) if text else None
@@ -426,7 +419,7 @@ def rendezvous_endpoint(text: str) -> tuple[str, int]:
 
 def _nodes(args: argparse.Namespace, nnodes: int, check_allocation: bool = True) -> Nodes:
     """How trials across nodes are launched; bad input when something is missing."""
-    from multicard import cluster, runner
+    from multicard.run import cluster, runner
 
     if args.rdzv_endpoint is None:
         raise InputError("run: nnodes > 1 needs --rdzv-endpoint HOST:PORT (the first node's host "
@@ -460,12 +453,13 @@ def _writable(directory: Path) -> bool:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from multicard import claims, report
+    from multicard.judge import claims
+    from multicard.publish import document, runs
 
     if args.out is None and len(args.dirs) != 1:
         raise InputError("report: several DIRs need --out (where REPORT.md and tables go)")
     for directory in args.dirs:
-        report.discover_runs(directory)  # each DIR holds runs: checked before anything is made
+        runs.discover_runs(directory)  # each DIR holds runs: checked before anything is made
     out = args.out or args.dirs[0]
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: --out exists and is not a directory")
@@ -475,7 +469,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     questions = claims.load(question_file) if question_file.is_file() else None
     make_dir(out, "--out")
     try:
-        sums = report.write_report(args.dirs, out, claim_list, echo=print, questions=questions)
+        sums = document.write_report(args.dirs, out, claim_list, echo=print, questions=questions)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise
@@ -495,25 +489,27 @@ def make_dir(path: Path, what: str) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from multicard import artifact, pack
+    from multicard import integrity
+    from multicard.publish import pack
 
     if args.path.is_dir():
-        return _print_verify(args.path, artifact.verify(args.path), artifact.SUMS_FILE)
+        return _print_verify(args.path, integrity.verify(args.path), integrity.SUMS_FILE)
     if not args.path.exists():
         raise InputError(f"{args.path}: no such directory or archive")
-    return _print_verify(args.path, pack.verify_archive(args.path), artifact.SUMS_FILE)
+    return _print_verify(args.path, pack.verify_archive(args.path), integrity.SUMS_FILE)
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from multicard import artifact, pack
+    from multicard import integrity
+    from multicard.publish import pack
 
     if not args.dir.is_dir():
         raise InputError(f"{args.dir}: not a directory")
-    if not (args.dir / artifact.SUMS_FILE).is_file():
-        raise InputError(f"{args.dir}: no {artifact.SUMS_FILE}; run `multicard report {args.dir}` first")
-    status = _print_verify(args.dir, artifact.verify(args.dir), artifact.SUMS_FILE)
+    if not (args.dir / integrity.SUMS_FILE).is_file():
+        raise InputError(f"{args.dir}: no {integrity.SUMS_FILE}; run `multicard report {args.dir}` first")
+    status = _print_verify(args.dir, integrity.verify(args.dir), integrity.SUMS_FILE)
     if status:
-        print(f"{args.dir}: not packed, its files do not match {artifact.SUMS_FILE}")
+        print(f"{args.dir}: not packed, its files do not match {integrity.SUMS_FILE}")
         return status
     target = args.out or pack.default_target(args.dir)
     if target.is_dir():
@@ -534,8 +530,8 @@ def cmd_trace_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_claims_power(args: argparse.Namespace) -> int:
-    from multicard import claims, power
-    from multicard.report.tables import display_power, render_markdown
+    from multicard.judge import claims, power
+    from multicard.publish.tables import display_power, render_markdown
 
     path = args.claims or claims.default_file()
     claim_list = claims.load(path)
@@ -564,8 +560,8 @@ def cmd_claims_power(args: argparse.Namespace) -> int:
 
 
 def _measured_cv(dirs: list[Path]) -> tuple[list[float], str]:
-    from multicard import power, summarize
-    from multicard.report.runs import discover_runs, load_run
+    from multicard.judge import power, summarize
+    from multicard.publish.runs import discover_runs, load_run
 
     runs = [load_run(p) for d in dirs for p in discover_runs(d)]
     cv, configs = power.measured_cv([(r.spec, summarize.trial_table(r.spec, r.records)) for r in runs])
@@ -578,7 +574,7 @@ def _measured_cv(dirs: list[Path]) -> tuple[list[float], str]:
 def cmd_list(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from multicard import catalog, claims
+    from multicard.judge import catalog, claims
 
     claims_file = args.claims or claims.default_file()
     questions = claims_file.parent / claims.QUESTIONS_FILE
@@ -595,7 +591,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_topo(args: argparse.Namespace) -> int:
-    from multicard import numa
+    from multicard.measure import numa
 
     topology = numa.from_files(args.files) if args.files else numa.live()
     print(json.dumps(topology.to_json(), indent=1))
@@ -603,10 +599,10 @@ def cmd_topo(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from multicard import artifact
     from multicard.data import mnist
+    from multicard.measure import environment
 
-    print(json.dumps(artifact.capture_env(mnist.default_root()), indent=1))
+    print(json.dumps(environment.capture_env(mnist.default_root()), indent=1))
     return 0
 
 
@@ -632,7 +628,7 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     if (blocked := next((p for p in out.parents if p.exists() and not p.is_dir()), None)) is not None:
         raise InputError(f"{out}: --out cannot be created ({blocked} is a file)")
     request = scenario_b.Request(root / "mnist", out, args.size, args.format, args.limit)
-    from multicard.stopping import stop_on_signals
+    from multicard.run.stopping import stop_on_signals
 
     with stop_on_signals():  # SIGTERM ends the workers too; a resume finishes the tree
         scenario_b.prepare(request, workers=args.workers)
@@ -874,7 +870,7 @@ def _setting(text: str) -> tuple[str, Any]:
 
 def _trials(text: str) -> int | str:
     if text.strip().startswith("auto"):
-        from multicard import spec
+        from multicard.plan import spec
 
         try:  # checked now, applied once the spec is loaded
             spec.parse_auto(text, 3, spec.HALF_WIDTH_DEFAULT, "--trials")
@@ -946,14 +942,14 @@ def _main(argv: list[str] | None) -> int:
         print("multicard: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        from multicard.runner import RunStopped
+        from multicard.run.runner import RunStopped
 
         if not isinstance(exc, RunStopped):
             raise
         print(f"multicard: error: {exc}", file=sys.stderr)
         return 1
     except BaseException as exc:
-        from multicard.stopping import Interrupted
+        from multicard.run.stopping import Interrupted
 
         if not isinstance(exc, Interrupted):
             raise

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from multicard import energy, nvml
+from multicard.measure import energy, nvml
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")]
 

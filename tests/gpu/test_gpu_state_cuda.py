@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from multicard import artifact, gpu_state
+from multicard.measure import environment, gpu_state
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")]
 
@@ -19,7 +19,7 @@ def test_every_gpu_has_its_limits_clocks_modes_and_link_read() -> None:
         assert isinstance(state["throttle_reasons"], list)
         assert state["compute_mode"] in gpu_state.COMPUTE_MODES.values()
         assert state["pcie_generation"] is None or state["pcie_generation"] >= 1
-    env = artifact.capture_env()
+    env = environment.capture_env()
     assert all("state" in g for g in env["gpus"]) and env["torch"]["nccl"]
 
 

@@ -33,7 +33,7 @@ def test_pin_memory_batches_are_pinned_and_copies_are_timed(tree: Path) -> None:
 def test_no_cuda_event_is_created_or_destroyed_inside_the_timed_epochs(tree: Path) -> None:  # noqa: F811
     from torch.profiler import ProfilerActivity, profile
 
-    from multicard.timing import StepClock
+    from multicard.measure.timing import StepClock
 
     loader = LOADERS["torch"](dataclasses.replace(config(tree), device=CUDA0))
     clock = StepClock(loader.steps_per_epoch + 1, lambda: torch.cuda.Event(enable_timing=True))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from multicard import store
+from multicard.run import store
 from tests.helpers import write_spec
 from tests.integration.test_multinode import fake_slurm, planner
 

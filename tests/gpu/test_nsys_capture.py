@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from multicard import runner, spec, store
+from multicard.plan import spec
 from multicard.profiling import nsys
+from multicard.run import runner, store
 from tests.helpers import DATA, write_spec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
@@ -35,11 +36,12 @@ def test_nsys_trace_per_rank_with_the_papers_metrics(tmp_path: Path) -> None:
     parts = ("gpu_busy_ns", "gpu_copy_ns", "gpu_host_wait_ns", "gpu_idle_ns")
     assert sum(summary[p] for p in parts) == summary["gpu_span_ns"] == timeline["gpu_span_ns"]
     # the fewest trace domains the breakdown reads, and what tracing cost in this config
-    from multicard import report, summarize
+    from multicard.judge import summarize
+    from multicard.publish import document
 
     assert "--trace=cuda,nvtx" in nsys.NSYS_PROFILE
     loaded = spec.load(tmp_path / "run" / "spec.toml")
     [cost] = summarize.tracing_cost(loaded, store.read(tmp_path / "run" / "trials.jsonl")).values()
     assert cost > 0.5  # traced / untraced time: said per config in the Nsight table
-    report.write_report([tmp_path / "run"], tmp_path / "run")
+    document.write_report([tmp_path / "run"], tmp_path / "run")
     assert "traced / untraced" in (tmp_path / "run" / "tables" / "tiny_nsight.md").read_text()

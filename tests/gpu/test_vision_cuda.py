@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from multicard import runner, spec, store
+from multicard.plan import spec
+from multicard.run import runner, store
 from tests.helpers import DATA, write_spec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -117,7 +118,7 @@ def test_a_gpu_trial_measures_its_energy_and_its_processes_memory(tmp_path: Path
     # the trial saw its own GPU only: torchrun's binding divides a node among the GPUs it sees
     launched = json.loads((tmp_path / "run" / f"raw/{record['config_id']}-t0-a0" / "launch.json").read_text())
     shown = launched["env_set"].get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-    from multicard import devices
+    from multicard.measure import devices
 
     [mine] = devices.visible(devices.nvml_gpus(), shown)  # one GPU, and the one CUDA used
     assert mine.uuid == rank["gpu_uuid"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from multicard import store
+from multicard.run import store
 from tests.helpers import ROOT, TINY_FIXED, write_spec
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from multicard import runner, spec, store
+from multicard.plan import spec
+from multicard.run import runner, store
 from tests.helpers import DATA, ROOT, TINY_FIXED, write_spec
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import EXPERIMENTS, ROOT, write_spec
-from tests.unit.test_report import constructed_run
+from tests.unit.publish.test_report import constructed_run
 
 
 def multicard(*args: str) -> subprocess.CompletedProcess[str]:

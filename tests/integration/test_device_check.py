@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from multicard import artifact, store
+from multicard import integrity
+from multicard.run import store
 from tests.helpers import ROOT, load_script
 
 pytestmark = pytest.mark.slow
@@ -33,7 +34,7 @@ def test_a_check_the_budget_cuts_short_is_continued_by_a_second_call(
     assert "run it again with --out" in said
     summary = json.loads((out / "device_check.json").read_text())["summary"]
     assert summary["parts_run"] == ["harness"] and set(summary["parts_left"]) == {"precision", "pin_memory"}
-    assert artifact.verify(out).ok and not (out / "REPORT.md").exists()  # figures once, at the end
+    assert integrity.verify(out).ok and not (out / "REPORT.md").exists()  # figures once, at the end
     loops = sorted((out / "plain_loop").glob("round-*.json"))
     pids = [json.loads(p.read_text())["pid"] for p in loops]
 
@@ -63,4 +64,4 @@ def test_a_check_the_budget_cuts_short_is_continued_by_a_second_call(
     assert "## Device check" in (out / "REPORT.md").read_text()
     assert (out / "env.json").is_file()
     assert len(list(out.glob("env-resume-*.json"))) == 1  # the second call's, beside the first
-    assert artifact.verify(out).ok
+    assert integrity.verify(out).ok

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from multicard import runner, spec, store
+from multicard.plan import spec
+from multicard.run import runner, store
 from multicard.workloads import llm
 from tests.helpers import DATA, write_spec
 

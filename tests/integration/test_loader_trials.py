@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from multicard import runner, spec, store
 from multicard.data import scenario_b
+from multicard.plan import spec
+from multicard.run import runner, store
 from tests.helpers import DATA, ROOT, write_spec
 from tests.integration.test_resume import trial_processes
 

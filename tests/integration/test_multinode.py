@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from multicard import cluster, store
+from multicard.run import cluster, store
 from tests.helpers import ROOT, TINY_FIXED, write_spec
 
 pytestmark = pytest.mark.slow
@@ -280,7 +280,7 @@ def test_the_nodes_run_their_own_python_inside_the_step_wrapper(tmp_path: Path) 
     trial_step = steps(tmp_path)[1]["argv"]
     exported = argv_value(trial_step, "--export").split(",")
     assert "PATH" not in exported and "PYTHONPATH" not in exported
-    assert trial_step[trial_step.index(str(wrapper)) + 1:][:3] == ["python3", "-m", "multicard.node_step"]
+    assert trial_step[trial_step.index(str(wrapper)) + 1:][:3] == ["python3", "-m", "multicard.run.node_step"]
     assert sys.executable not in trial_step and cluster.PYTHON_SLOT in trial_step
     trial_dir = next((out / "raw").iterdir())
     node = node_json(trial_dir, 1)

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from multicard import numa, runner, spec, store
+from multicard.measure import numa
+from multicard.plan import spec
+from multicard.run import runner, store
 from tests.helpers import DATA, write_spec
 
 pytestmark = [pytest.mark.slow,
@@ -24,7 +26,7 @@ def test_local_policy_records_pages_and_cpus_of_every_rank_and_worker(tmp_path: 
     assert outcome.ok == 1
     [record] = store.read(tmp_path / "run" / "trials.jsonl")
     launch = json.loads((tmp_path / "run" / record["artifacts"][0]).read_text())
-    assert "multicard.numa_bind" in launch["argv"] and "local" in launch["argv"]
+    assert "multicard.run.numa_bind" in launch["argv"] and "local" in launch["argv"]
     evidence = sorted((tmp_path / "run").glob("raw/*/numa/*.numa_maps"))
     roles = sorted({p.name.split("-")[0] + "-" + p.name.split("-")[1] for p in evidence})
     assert roles == ["rank0-rank", "rank0-worker", "rank1-rank", "rank1-worker"]
@@ -61,7 +63,7 @@ def test_torchrun_policies_are_recorded_as_skipped_on_a_cpu_run_with_the_reason(
 
 
 def test_a_trial_with_counters_runs_and_says_why_this_machine_counted_nothing(tmp_path: Path) -> None:
-    from multicard import counters
+    from multicard.measure import counters
 
     events, why = counters.usable_events()
     if events is not None:
@@ -76,7 +78,7 @@ def test_a_trial_with_counters_runs_and_says_why_this_machine_counted_nothing(tm
     launch = json.loads((tmp_path / "run" / record["artifacts"][0]).read_text())
     # inside the rank's binding: numactl's binder, then the counters' wrapper, then the rank
     argv = launch["argv"]
-    assert argv.index("multicard.numa_bind") < argv.index("multicard.counters") < argv.index(
+    assert argv.index("multicard.run.numa_bind") < argv.index("multicard.measure.counters") < argv.index(
         "multicard.workloads.vision")
     for metric in counters.METRICS:
         assert record["metrics"][metric] is None and record["unmeasured"][metric] == f"rank 0: {why}"

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from multicard import claims, report
+from multicard.judge import claims
+from multicard.publish import document
 from tests.helpers import EXPERIMENTS
-from tests.unit.test_report import gpu_run
+from tests.unit.publish.test_report import gpu_run
 
 BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 pytestmark = pytest.mark.skipif(BROWSER is None, reason="no Chromium here")
@@ -35,7 +36,7 @@ def test_every_figure_of_report_html_loads_in_chromium(tmp_path: Path) -> None:
                   {(p, g): [16.0, 16.1, 15.9, 16.05, 15.95] if p == "fp64" else [10.0, 10.1, 9.9, 10.05, 9.95]
                    for p in ("fp64", "fp32") for g in (1, 2)}, "train_time_s")
     out = tmp_path / "out"
-    report.write_report([run], out, claims.load(EXPERIMENTS / "claims.toml"))
+    document.write_report([run], out, claims.load(EXPERIMENTS / "claims.toml"))
     page = (out / "REPORT.html").read_text(encoding="utf-8")
     figures = len(list((out / "figures").glob("*.png")))
     assert figures >= 2 and page.count("<img") == figures

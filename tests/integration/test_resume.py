@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from multicard import spec, store
+from multicard.plan import spec
+from multicard.run import store
 from tests.helpers import ROOT, write_spec
 
 pytestmark = pytest.mark.slow
@@ -84,8 +85,8 @@ def test_a_second_runner_on_the_same_directory_is_refused(tmp_path: Path) -> Non
 
 
 def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
-    from multicard import runner
     from multicard.errors import InputError
+    from multicard.run import runner
 
     out = tmp_path / "run"
     out.mkdir()

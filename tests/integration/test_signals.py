@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from multicard import store, telemetry
+from multicard.measure import processes
+from multicard.run import store
 from tests.helpers import ROOT, TINY_FIXED, write_spec
 
 pytestmark = pytest.mark.slow
@@ -27,7 +28,7 @@ def wait_for_workers(root: int, deadline_s: float = 120) -> set[int]:
     runner's own helpers (the environment it records) could make up the number before a trial."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        tree = set(telemetry.process_tree(root))
+        tree = set(processes.process_tree(root))
         if sum(b"multicard.workloads.vision" in _cmdline(pid) for pid in tree) >= 4:
             return tree - {root}
         time.sleep(0.2)
@@ -115,8 +116,9 @@ def one_run(session: nox.Session) -> None:
 
 def test_a_stop_after_a_trial_ended_waits_until_its_record_is_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from multicard import runner, spec
-    from multicard.stopping import Interrupted
+    from multicard.plan import spec
+    from multicard.run import runner
+    from multicard.run.stopping import Interrupted
 
     real = runner.classify
 
@@ -137,10 +139,10 @@ def test_sigterm_to_data_prepare_ends_its_workers_at_once(tmp_path: Path) -> Non
     proc = start([sys.executable, "-m", "multicard", "data", "prepare", "--size", "256",
                   "--out", str(tmp_path / "tree"), "--workers", "2"])
     deadline = time.monotonic() + 60
-    while len(telemetry.process_tree(proc.pid)) < 3 and time.monotonic() < deadline:
+    while len(processes.process_tree(proc.pid)) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)  # the runner and its two spawned workers
     time.sleep(2.0)  # chunks are being written
-    workers = set(telemetry.process_tree(proc.pid)) - {proc.pid}
+    workers = set(processes.process_tree(proc.pid)) - {proc.pid}
     assert workers
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from multicard import store
+from multicard.run import store
 from tests.helpers import ROOT, TINY_FIXED, tmpfs, write_spec
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from multicard import report, runner, spec, store
 from multicard.errors import InputError
+from multicard.plan import spec
 from multicard.profiling import nsys
+from multicard.publish import document
+from multicard.run import runner, store
 from tests.helpers import DATA, ROOT, TINY_FIXED, write_spec
 
 pytestmark = pytest.mark.slow
@@ -35,7 +37,7 @@ def test_torch_traced_trials_are_extra_and_parsed(tmp_path: Path) -> None:
     assert all((tmp_path / "run" / n).exists() for n in names)
     # 2 epochs x 3 steps: the 6-step window holds both epochs (JSON keys are strings)
     assert all(set(s["epoch_pauses_ns"]) == {"0", "1"} for s in traced["trace_metrics"].values())
-    report.write_report([tmp_path / "run"], tmp_path / "run")
+    document.write_report([tmp_path / "run"], tmp_path / "run")
     nsight = (tmp_path / "run" / "tables" / "tiny_nsight.md").read_text()
     # what tracing cost: the 3 traced trials' time over the timing trial's, a ratio per config
     assert "traced / untraced" in nsight and re.search(r"\| +\d+(\.\d+)?x +\|", nsight)

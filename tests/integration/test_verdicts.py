@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from multicard import adaptive, spec, store
 from multicard.data import scenario_b
+from multicard.judge import adaptive
+from multicard.plan import spec
+from multicard.run import store
 from tests.helpers import DATA, ROOT, TINY_FIXED, write_spec
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from multicard import runner, spec, store
+from multicard.plan import spec
+from multicard.run import runner, store
 from tests.helpers import DATA, TINY_FIXED, write_spec
 
 # the fast tier's 2-rank gloo torchrun trial (every test here reads the one trial)

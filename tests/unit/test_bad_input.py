@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from multicard import artifact, cli
+from multicard import cli, integrity
 from tests.helpers import EXPERIMENTS, ROOT, TINY_FIXED, tmpfs, write_spec
 
 Case = Callable[[Path], list[str]]
@@ -32,13 +32,13 @@ def raw_spec(tmp: Path, text: str) -> str:
 
 def a_run(tmp: Path) -> Path:
     """A reported run directory (spec.toml, trials.jsonl, SHA256SUMS)."""
-    from multicard import spec
+    from multicard.plan import spec
 
     root = tmp / "run"
     root.mkdir()
     (root / "spec.toml").write_text(spec.to_toml(spec.load(write_spec(tmp, name="ran"))))
     (root / "trials.jsonl").write_text("")
-    artifact.write_checksums(root)
+    integrity.write_checksums(root)
     return root
 
 
@@ -242,7 +242,8 @@ def test_run_into_a_read_only_directory_is_refused_before_it_starts(
 def test_a_torn_line_is_one_warning_line(tmp_path: Path) -> None:
     import sys
 
-    from multicard import report, spec
+    from multicard.plan import spec
+    from multicard.publish import runs
     from tests.helpers import ROOT
 
     run = tmp_path / "run"
@@ -256,7 +257,7 @@ def test_a_torn_line_is_one_warning_line(tmp_path: Path) -> None:
         f"multicard: warning: {run / 'trials.jsonl'}:1: skipped an incomplete record (a crash mid-write)"]
     text = (run / "REPORT.md").read_text()
     assert "trials.jsonl`: 1 line(s) skipped (line 1)" in text
-    assert report.load_run(run).torn_lines == [1]
+    assert runs.load_run(run).torn_lines == [1]
 
 
 def test_tomli_w_writes_what_the_cases_read() -> None:
@@ -272,11 +273,12 @@ def test_a_node_step_without_a_valid_node_index_is_bad_input(tmp_path: Path, val
                                                               expected: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "SLURM_NODEID"} | \
         ({"SLURM_NODEID": value} if value is not None else {})
-    done = subprocess.run([sys.executable, "-m", "multicard.node_step", "--nnodes", "2",
+    done = subprocess.run([sys.executable, "-m", "multicard.run.node_step", "--nnodes", "2",
                            "--node-rank-env", "SLURM_NODEID", "--dir", str(tmp_path / "trial"),
                            "--ranks-per-node", "1", "--", "true"], env=env, capture_output=True,
                           text=True, cwd=ROOT)
-    assert done.returncode == 2 and done.stderr.splitlines() == [f"multicard.node_step: error: {expected}"]
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"multicard.run.node_step: error: {expected}"]
     assert not (tmp_path / "trial").exists()
 
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from multicard import calibrate, cost, store
-from multicard import spec as specmod
+from multicard.plan import calibrate, cost
+from multicard.plan import spec as specmod
+from multicard.run import store
 from tests.helpers import ROOT, load_script
 
 device_check = load_script(ROOT / "benchmarks" / "device_check.py", "device_check")
@@ -160,7 +161,7 @@ def test_each_comparison_sets_like_against_like(tmp_path: Path) -> None:
 
 
 def test_clocks_held_down_are_summed_over_parts_and_unknown_where_one_part_lacks_them(tmp_path: Path) -> None:
-    from multicard import gpu_state
+    from multicard.measure import gpu_state
 
     for part, power in (("harness", 1.5), ("precision", None)):
         (tmp_path / part).mkdir()

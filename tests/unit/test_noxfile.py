@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from multicard import cost, spec
+from multicard.plan import cost, spec
 from tests.helpers import EXPERIMENTS, ROOT, load_script
 
 NOXFILE = load_script(ROOT / "noxfile.py", "noxfile")
@@ -27,7 +27,7 @@ def test_reproduce_runs_every_experiment_and_every_numa_profile_once() -> None:
 
 
 def test_evaluate_fits_6_hours_on_4_gpus_and_can_decide_c5_to_c19() -> None:
-    from multicard import claims
+    from multicard.judge import claims
 
     specs = [spec.load(EXPERIMENTS / f"{e}.toml", p) for e, p in NOXFILE.EVAL_RUNS]
     assert len(set(NOXFILE.EVAL_RUNS)) == len(NOXFILE.EVAL_RUNS)
@@ -101,7 +101,7 @@ def test_the_two_test_tiers_take_every_test_once(slow: bool, e2e: bool) -> None:
 
 
 def test_reproduce_can_decide_every_part_of_every_claim() -> None:
-    from multicard import claims
+    from multicard.judge import claims
 
     specs = [spec.load(EXPERIMENTS / f"{e}.toml", p) for e, p in NOXFILE.PAPER_RUNS]
     undecided = [c.id for c in claims.load(claims.default_file()) if not all(claims.decided_by(c, specs))]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from multicard import spec, stats, summarize
+from multicard.judge import stats, summarize
+from multicard.plan import spec
 from tests.helpers import EXPERIMENTS
 
 SPEC = spec.load(EXPERIMENTS / "numa_binding.toml")

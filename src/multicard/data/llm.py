@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from multicard import artifact
+from multicard import integrity
 from multicard.errors import InputError
 
 SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
@@ -53,9 +53,9 @@ def write_tokenizer(directory: Path) -> tuple[Path, Path]:
     """A byte-level tiktoken file and the special-tokens JSON that Llama3Tokenizer reads."""
     directory.mkdir(parents=True, exist_ok=True)
     model, special = directory / "tokenizer.model", directory / "special_tokens.json"
-    artifact.write_text_atomic(model, "".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n"
-                                              for i in range(256)))
-    artifact.write_text_atomic(special, json.dumps({"added_tokens": [
+    integrity.write_text_atomic(model, "".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n"
+                                               for i in range(256)))
+    integrity.write_text_atomic(special, json.dumps({"added_tokens": [
         {"id": 256 + i, "content": name} for i, name in enumerate(SPECIAL_TOKENS)]}))
     return model, special
 
@@ -106,7 +106,7 @@ def preference_pairs(kind: str, records: list[dict[str, Any]]) -> list[dict[str,
 
 def _write_json(path: Path, rows: list[dict[str, Any]]) -> str:
     data = json.dumps(rows, indent=0).encode()
-    artifact.write_bytes_atomic(path, data)
+    integrity.write_bytes_atomic(path, data)
     return hashlib.sha256(data).hexdigest()
 
 
@@ -119,8 +119,8 @@ def write_datasets(directory: Path, records: dict[str, list[dict[str, Any]]],
         sums[f"{kind}.json"] = _write_json(directory / f"{kind}.json", rows)
         sums[f"{kind}_preference.json"] = _write_json(directory / f"{kind}_preference.json",
                                                       preference_pairs(kind, rows))
-    artifact.write_text_atomic(directory / "dataset.json",
-                               json.dumps({**description, "sha256": sums}, indent=1))
+    integrity.write_text_atomic(directory / "dataset.json",
+                                json.dumps({**description, "sha256": sums}, indent=1))
     return directory
 
 
@@ -181,7 +181,7 @@ def random_checkpoint(directory: Path, model: str, seed: int) -> Path:
         partial.replace(target)  # complete files only: an interrupted save leaves no checkpoint
     finally:
         partial.unlink(missing_ok=True)
-    artifact.write_text_atomic(directory / "weights.json", json.dumps(
+    integrity.write_text_atomic(directory / "weights.json", json.dumps(
         {"model": model, "builder": builder, "kwargs": kwargs, "init": "random", "seed": seed,
          "note": "random weights: valid time and memory, meaningless loss"}, indent=1))
     return directory

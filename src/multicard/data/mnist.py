@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from multicard.artifact import sha256_file
 from multicard.errors import InputError
+from multicard.integrity import sha256_file
 
 SHA256 = {
     "train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",

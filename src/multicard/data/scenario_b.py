@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from multicard import artifact
+from multicard import integrity
 from multicard.data import mnist
 from multicard.errors import InputError
 
@@ -135,14 +135,14 @@ def _write_chunk(out: Path, split: str, start: int, stop: int, size: int, fmt: s
             rel = relative_path(split, int(source.labels[index]), index, fmt)
             data = encode(image, fmt)
             _write_atomic(out / rel, data)
-            lines.append(f"{artifact.sha256_bytes(data)}  {rel}\n")
+            lines.append(f"{integrity.sha256_bytes(data)}  {rel}\n")
     _write_atomic(out / PARTS / f"{split}-{start:05d}.sha256", "".join(lines).encode())
     return stop - start
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    artifact.write_bytes_atomic(path, data, durable=False)
+    integrity.write_bytes_atomic(path, data, durable=False)
 
 
 def _chunks(request: Request) -> Iterator[tuple[str, int, int]]:
@@ -230,7 +230,7 @@ def _finish(request: Request) -> None:
         np.save(buffer, labels[split].astype(np.uint8), allow_pickle=False)
         _write_atomic(out / f"labels_{split}.npy", buffer.getvalue())
     extra = [f"{split}_index.txt" for split in SPLITS] + [f"labels_{split}.npy" for split in SPLITS]
-    listing += "".join(f"{artifact.sha256_file(out / name)}  {name}\n" for name in extra)
+    listing += "".join(f"{integrity.sha256_file(out / name)}  {name}\n" for name in extra)
     _write_atomic(out / MANIFEST, "".join(sorted(listing.splitlines(keepends=True))).encode())
     _write_atomic(out / DATASET_JSON, json.dumps(request.description(), indent=1).encode())
     shutil.rmtree(out / PARTS)
@@ -256,10 +256,10 @@ def read_description(tree: Path) -> dict[str, Any]:
     return dict(json.loads(meta.read_text()))
 
 
-def verify(tree: Path) -> artifact.VerifyResult:
+def verify(tree: Path) -> integrity.VerifyResult:
     """Every listed file against MANIFEST.sha256; files in the tree but not listed are named too."""
     read_description(tree)
-    return artifact.verify(tree, sums_name=MANIFEST, ignore=(DATASET_JSON,))
+    return integrity.verify(tree, sums_name=MANIFEST, ignore=(DATASET_JSON,))
 
 
 def stage(tree: Path, root: Path) -> dict[str, Any]:

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from multicard.data.mnist import MEAN, STD
-from multicard.loaders import Batch, LoaderConfig, sample_indices
 from multicard.loaders.datasets import checked_tree
+from multicard.loaders.interface import Batch, LoaderConfig, sample_indices
 
 
 class DaliLoader:

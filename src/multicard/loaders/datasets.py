@@ -16,7 +16,7 @@ from torch.utils.data import Dataset, Subset, default_collate
 from multicard.data import mnist, scenario_b
 from multicard.data.scenario_a import UpsampledMNIST, normalize
 from multicard.errors import InputError
-from multicard.loaders import LoaderConfig, sample_indices
+from multicard.loaders.interface import LoaderConfig, sample_indices
 
 Item = tuple[torch.Tensor, int, int]
 

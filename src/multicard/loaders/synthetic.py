@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from multicard.loaders import Batch, LoaderConfig
 from multicard.loaders.datasets import collate, finish_on_device, make_dataset, training_subset
+from multicard.loaders.interface import Batch, LoaderConfig
 
 
 class SyntheticLoader:

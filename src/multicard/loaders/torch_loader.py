@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from multicard.loaders import Batch, LoaderConfig
 from multicard.loaders.datasets import collate_for, finish_on_device, make_dataset, training_subset
-from multicard.timing import EventPool
+from multicard.loaders.interface import Batch, LoaderConfig
+from multicard.measure.timing import EventPool
 
 
 class TorchLoader:

@@ -1,1 +1,2 @@
-"""Rank entry points started by torchrun (vision) or tune run (llm)."""
+"""Workloads: the vision rank started by torchrun (`vision`), the LLM recipes started by tune run
+(`llm`, `llm_logger`), and what the runner needs of each (`registry`)."""

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multicard import energy, launch
 from multicard.data import llm as assets
-from multicard.params import Value
+from multicard.measure import energy
+from multicard.plan import launch
+from multicard.plan.params import Value
 
 GIB = 1024**3
 

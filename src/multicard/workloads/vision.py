@@ -5,7 +5,7 @@ The rank entry point that torchrun starts, one process per GPU (per gloo rank on
     torchrun --standalone --nproc-per-node=2 -m multicard.workloads.vision \
         --out DIR --data-dir data --device cpu --precision bf16 --image-size 32 ...
 
-Every setting is declared once in `multicard.params.VISION`. Rank 0 writes DIR/result.json with
+Every setting is declared once in `multicard.plan.params.VISION`. Rank 0 writes DIR/result.json with
 the metrics named in docs/design.md. What is timed, and why:
 
 - `warmup_steps` untimed steps run first (oneDNN/cuDNN initialisation, allocator growth, DDP
@@ -31,7 +31,8 @@ import resource  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
-from contextlib import ExitStack, contextmanager, nullcontext  # noqa: E402
+from contextlib import contextmanager, nullcontext  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -43,15 +44,18 @@ import torchvision  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 
-from multicard import artifact, counters, devices, energy, numa, observe, params, precision, resources  # noqa: E402
+from multicard import integrity  # noqa: E402
 from multicard.data import mnist, scenario_b  # noqa: E402
-from multicard.launch import DROPPED_ENV, die_with_agent  # noqa: E402
 from multicard.loaders import LOADERS, LoaderConfig  # noqa: E402
 from multicard.loaders.datasets import collate_for, finish_on_device, make_dataset  # noqa: E402
+from multicard.measure import devices, energy  # noqa: E402
+from multicard.measure.meters import RankMeters  # noqa: E402
+from multicard.measure.telemetry import rank_device_bytes  # noqa: E402
+from multicard.measure.timing import BatchTimer, StepClock, warmup_batch_sizes  # noqa: E402
+from multicard.plan import params, precision  # noqa: E402
+from multicard.plan.launch import DROPPED_ENV, die_with_agent  # noqa: E402
 from multicard.profiling import TRACE_MODES  # noqa: E402
 from multicard.profiling.capture import TRACERS, NoTracer, TraceConfig, Tracer  # noqa: E402
-from multicard.telemetry import GpuUtilSampler, rank_device_bytes  # noqa: E402
-from multicard.timing import BatchTimer, StepClock, start_together, warmup_batch_sizes  # noqa: E402
 
 T_IMPORTED = time.time()
 
@@ -112,174 +116,56 @@ def main(argv: list[str] | None = None) -> None:
     timeline = {"process_start": T_PROCESS_START, "imported": T_IMPORTED}
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
-
-    # --- distributed setup: nccl on GPUs, gloo on CPU ---------------------------------------
-    cuda = args.device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise RuntimeError("device = 'cuda' but torch.cuda.is_available() is False")
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo")
+    device = init_distributed(args.device, local_rank)
     timeline["dist_ready"] = time.time()
-
-    policy = precision.PRECISIONS[args.precision]
-    # what was asked, what the libraries really did, and the override variables the rank saw
-    tf32_flags = {**precision.apply_tf32(policy), "measured": precision.measure_tf32(device),
-                  "env": {name: os.environ.get(name) for name in DROPPED_ENV}}
-    torch.backends.cudnn.benchmark = args.cudnn_benchmark
-    param_dtype = precision.torch_dtype(policy.param_dtype)
-    # cast = "host": batches arrive in the input dtype; "device": float32, cast after the copy
-    model_input = precision.torch_dtype(policy.param_dtype if args.cast == "device"
-                                        else precision.input_dtype(policy))
-    autocast = (
-        torch.autocast(device.type, dtype=precision.torch_dtype(policy.autocast_dtype))
-        if policy.autocast_dtype else nullcontext()
-    )
+    numerics = set_numerics(args, device)
 
     # --- data: the loader shards by rank; every rank must take the same number of steps -----
-    train_config = loader_config(args, "train", rank, world, device, policy)
+    train_config = loader_config(args, "train", rank, world, device, numerics.policy)
     loader = LOADERS[args.loader](train_config)
     steps_per_epoch = agree_on_steps(loader.steps_per_epoch, device)
-    tracer = TRACERS[args.trace](TraceConfig(args.out, rank, steps_per_epoch, args.epochs, cuda))
-    uuid = gpu_uuid(device) if cuda else None
-    probe = numa.PlacementProbe(args.out / "numa", f"rank{rank}", args.device, local_rank, uuid) \
-        if args.numa_evidence else None
+    tracer = TRACERS[args.trace](TraceConfig(args.out, rank, steps_per_epoch, args.epochs,
+                                             device.type == "cuda"))
+    uuid = gpu_uuid(device) if device.type == "cuda" else None
+    # built now (the placement probe reads the topology), started at the clock
+    meters = RankMeters(args.out, rank, local_rank, args.device, uuid, args.numa_evidence)
     timeline["data_ready"] = time.time()
 
     # --- model and warm-up: untimed steps on a fixed batch, then back to the initial state ---
     torch.manual_seed(args.seed)
-    warmed: list[int] = []
-    if args.mode == "train":
-        model = torchvision.models.mobilenet_v2(num_classes=10).to(device=device, dtype=param_dtype)
-        if args.layout == "nhwc":
-            model = model.to(memory_format=torch.channels_last)
-        ddp = DDP(model, device_ids=[local_rank] if cuda else None)
-        timeline["model_ready"] = time.time()
-        warmed = warmup_batch_sizes(loader.samples_per_rank, args.batch_size) \
-            if args.warmup_steps else []
-        optimizer, scaler = warm_up(ddp, model, args, train_config, model_input, autocast, policy,
-                                    warmed)
-    else:  # loader_only: no model, the loop only pulls batches onto the device
-        timeline["model_ready"] = time.time()
+    training = set_up_training(args, train_config, numerics, loader.samples_per_rank, local_rank) \
+        if args.mode == "train" else None  # loader_only: no model, only batches onto the device
+    timeline["model_ready"] = training.ready if training else time.time()
     clock = StepClock(steps_per_epoch + 1, (lambda: torch.cuda.Event(enable_timing=True))
-                      if cuda else None)  # events made (and first recorded) before the clock
-    if cuda:
+                      if device.type == "cuda" else None)  # events made (and first recorded) before the clock
+    if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     synchronize(device)
     timeline["warmup_done"] = time.time()
 
     # --- timed epochs -----------------------------------------------------------------------
-    epoch_times, step_times, step_spans, h2d, timed_sizes = [], [], [], [], set()
-    timer: BatchTimer[Any] = BatchTimer()
-    samples = 0
-    asked = False  # whether the runner was asked to look at this rank (observe)
-    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
-    util = GpuUtilSampler(uuid)
-    # each rank its GPU's energy; the first rank of a node its CPU packages' (node level)
-    gpu_energy = energy.GpuEnergyMeter(uuid)
-    cpu_energy = energy.CpuEnergyMeter() if local_rank == 0 else None
-    usage = resources.RankUsage()  # CPU seconds of the rank and its workers, their affinity
-    gpu_processes = resources.GpuProcesses(uuid)  # memory per process per GPU, stray contexts
-    with ExitStack() as sampling:
-        sampling.enter_context(failure_named(args.out, rank, loader))
-        # the meters' windows end where train_time does (closed explicitly below), not after
-        # the tracer's export
-        meters = sampling.enter_context(ExitStack())
-        # the capture starts before the clock: nsys's start-up (cudaProfilerStart) is not timed
-        tracer.start()
-        # samplers first, then the barrier: every rank's clock starts right after it; the GPU's
-        # meters last, so their windows start after, and end before, the others' reads
-        t_train = start_together([usage, counters.Window(), *([cpu_energy] if cpu_energy else []), util,
-                                  gpu_energy], dist.barrier, meters)
-        timeline["clock_start"] = time.time()
-        for epoch in range(args.epochs):
-            t_epoch = time.perf_counter()
-            with tracer.range(f"epoch_start {epoch}"):  # a marker: the pause is measured from it
-                batches = loader.epoch(epoch)  # the first next() starts non-persistent workers
-            clock.start_epoch()
-            span_start = time.perf_counter()
-            for step in range(steps_per_epoch):
-                clock.mark()
-                if epoch == 0 and step == steps_per_epoch // 2:
-                    # mid-epoch: the workers are alive and have touched their data; the runner
-                    # looks at them from outside (one small file here, the scans off this clock)
-                    asked = observe.ask(args.out, rank, probe.out_dir if probe else None, f"rank{rank}")
-                # The first wait counts from the epoch start: worker start-up is the pause.
-                images, labels, _ = timer.next_batch(batches, loader.to_device,
-                                                     t_epoch if step == 0 else None, tracer.range)
-                timed_sizes.add(len(labels))
-                with tracer.range("step"):
-                    if args.mode == "train":
-                        loss_sum += train_step(ddp, optimizer, scaler, images.to(model_input),
-                                               labels, autocast, tracer)
-                tracer.step()
-                samples += len(labels)
-            clock.mark()
-            # sync point: the epoch's queued GPU work is done, so the step clock's span (first to
-            # last mark) ends here on the device timeline and on the host's clock alike
-            synchronize(device)
-            step_spans.append(time.perf_counter() - span_start)
-            if next(batches, None) is not None:  # run the loader to its end: shutdown, reset
-                raise RuntimeError(f"loader {args.loader} yielded more than {steps_per_epoch} batches")
-            epoch_times.append(time.perf_counter() - t_epoch)
-            step_times += clock.intervals_s()
-            h2d.append(loader.h2d_seconds())
-        synchronize(device)
-        train_time = time.perf_counter() - t_train
-        meters.close()
-        tracer.stop()
+    with failure_named(args.out, rank, loader), meters:
+        timed = timed_epochs(args, loader, steps_per_epoch, clock, tracer, meters, training,
+                             numerics, device, timeline)
     timeline["train_done"] = time.time()
     # memory at the end of training: evaluation's larger batches must not set the peak
     memory = end_of_training_memory(device, uuid)
-    gpu_processes.look()
-    seen = observe.answer(args.out, rank, asked)  # what the runner saw mid-epoch 0
-    usage.affinity = seen.affinity
-    gpu_processes.fold(seen.gpu_processes, seen.gpu_processes_reason or seen.reason)
+    measured = meters.record(timed.train_time)
 
     accuracy, test_images = None, None
-    if args.mode == "train":
-        test_config = loader_config(args, "test", rank, world, device, policy)
-        correct, test_images = evaluate(model, test_config, args, model_input, autocast)
+    if training:
+        test_config = loader_config(args, "test", rank, world, device, numerics.policy)
+        correct, test_images = evaluate(training.model, test_config, args, numerics.model_input,
+                                        numerics.autocast)
         accuracy = correct / max(1, test_images)
     timeline["eval_done"] = time.time()
 
-    local = {
-        "rank": rank,
-        # the node whose part started this rank (multicard.node_step), None on one node: with
-        # static ranks rank 0 is node 0's
-        "node": int(os.environ["MULTICARD_NODE"]) if "MULTICARD_NODE" in os.environ else None,
-        "train_time_s": train_time,
-        "epoch_time_s": epoch_times,
-        "step_times_s": step_times,
-        "step_span_host_s": step_spans,  # host clock over the span the step times cover
-        "first_batch_latency_s": timer.first_waits,
-        "data_wait_s": timer.data_wait_s,
-        "h2d_wait_s": timer.h2d_wait_s,
-        "h2d_time_s": None if None in h2d else sum(h2d),
-        "samples": samples,
-        "batch_sizes_warmed": sorted(warmed),
-        "batch_sizes_timed": sorted(timed_sizes),
-        "loss_mean": loss_sum.item() / max(1, args.epochs * steps_per_epoch),
-        **memory,
-        "gpu_util_mean": util.mean(),
-        **energy.rank_record(gpu_energy.energy(), cpu_energy.energy() if cpu_energy else None),
-        **usage.record(train_time),
-        **gpu_processes.record(),
-        "host": os.uname().nodename,
-        "pid": os.getpid(),
-        "gpu_uuid": uuid,
-        "parent_death": parent_death,
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),  # its binding's share (numa_bind)
-        "torch_threads": torch.get_num_threads(),
-        "observed_s": seen.took_s,  # how long each look from outside took (off this clock)
-        "observed_reason": seen.reason,
-        **(probe.finish(seen.numa) if probe else {}),
-    }
+    local = rank_record(rank, timed, training, memory, measured, uuid, parent_death,
+                        args.epochs * steps_per_epoch)
     gathered: list[dict[str, Any]] = [{} for _ in range(world)]
     dist.all_gather_object(gathered, local)
     if rank == 0:  # one trial directory, shared by every node
-        result = {
+        write_json_atomic(args.out / "result.json", {
             "metrics": combine_ranks(gathered, accuracy),
             "unmeasured": unmeasured(gathered),
             "measured_how": energy.trial_sources(gathered),
@@ -289,13 +175,173 @@ def main(argv: list[str] | None = None) -> None:
             "test_images": test_images,
             "pin_memory_effective": loader.pin_memory,
             "host_dtype": train_config.host_dtype,
-            "tf32_flags": tf32_flags,
+            "tf32_flags": numerics.tf32_flags,
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "torch": torch.__version__,
             "timeline": timeline,
-        }
-        write_json_atomic(args.out / "result.json", result)
+        })
     dist.destroy_process_group()
+
+
+def init_distributed(device_kind: str, local_rank: int) -> torch.device:
+    """This rank's device, with the process group up: nccl on GPUs, gloo on CPU."""
+    cuda = device_kind == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise RuntimeError("device = 'cuda' but torch.cuda.is_available() is False")
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    return device
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """The precision policy as this rank applies it."""
+
+    policy: precision.PrecisionPolicy
+    param_dtype: torch.dtype
+    model_input: torch.dtype  # what a batch is cast to before the forward pass
+    autocast: Any  # torch.autocast, or a null context
+    tf32_flags: dict[str, Any]  # what was asked, what the libraries really did, and the env
+
+
+def set_numerics(args: argparse.Namespace, device: torch.device) -> Numerics:
+    policy = precision.PRECISIONS[args.precision]
+    # what was asked, what the libraries really did, and the override variables the rank saw
+    tf32_flags = {**precision.apply_tf32(policy), "measured": precision.measure_tf32(device),
+                  "env": {name: os.environ.get(name) for name in DROPPED_ENV}}
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    # cast = "host": batches arrive in the input dtype; "device": float32, cast after the copy
+    model_input = precision.torch_dtype(policy.param_dtype if args.cast == "device"
+                                        else precision.input_dtype(policy))
+    autocast = (
+        torch.autocast(device.type, dtype=precision.torch_dtype(policy.autocast_dtype))
+        if policy.autocast_dtype else nullcontext()
+    )
+    return Numerics(policy, precision.torch_dtype(policy.param_dtype), model_input, autocast, tf32_flags)
+
+
+@dataclass(frozen=True)
+class Training:
+    """The model in training, warmed up and reset to its initial state."""
+
+    model: torch.nn.Module
+    ddp: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    warmed: list[int]  # the batch sizes the warm-up ran
+    ready: float  # wall time the model was built, before its warm-up
+
+
+def set_up_training(args: argparse.Namespace, config: LoaderConfig, numerics: Numerics,
+                    samples_per_rank: int, local_rank: int) -> Training:
+    model = torchvision.models.mobilenet_v2(num_classes=10).to(device=config.device,
+                                                               dtype=numerics.param_dtype)
+    if args.layout == "nhwc":
+        model = model.to(memory_format=torch.channels_last)
+    ddp = DDP(model, device_ids=[local_rank] if config.device.type == "cuda" else None)
+    ready = time.time()
+    warmed = warmup_batch_sizes(samples_per_rank, args.batch_size) if args.warmup_steps else []
+    optimizer, scaler = warm_up(ddp, model, args, config, numerics.model_input, numerics.autocast,
+                                numerics.policy, warmed)
+    return Training(model, ddp, optimizer, scaler, warmed, ready)
+
+
+@dataclass
+class Timed:
+    """What the clock saw over the timed epochs."""
+
+    train_time: float = 0.0
+    epoch_times: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    step_spans: list[float] = field(default_factory=list)  # host clock over the span of step_times
+    h2d: list[float | None] = field(default_factory=list)  # the loader's copy time, each epoch
+    sizes: set[int] = field(default_factory=set)  # the batch sizes timed
+    samples: int = 0
+    timer: BatchTimer[Any] = field(default_factory=BatchTimer)
+    loss_sum: torch.Tensor | None = None  # on the device: no sync inside the step loop
+
+
+def timed_epochs(args: argparse.Namespace, loader: Any, steps_per_epoch: int, clock: StepClock,
+                 tracer: Tracer, meters: RankMeters, training: Training | None,
+                 numerics: Numerics, device: torch.device, timeline: dict[str, float]) -> Timed:
+    timed = Timed(loss_sum=torch.zeros((), device=device, dtype=torch.float64))
+    # the capture starts before the clock: nsys's start-up (cudaProfilerStart) is not timed
+    tracer.start()
+    # meters first, then the barrier: every rank's clock starts right after it
+    t_train = meters.start(dist.barrier)
+    timeline["clock_start"] = time.time()
+    for epoch in range(args.epochs):
+        t_epoch = time.perf_counter()
+        with tracer.range(f"epoch_start {epoch}"):  # a marker: the pause is measured from it
+            batches = loader.epoch(epoch)  # the first next() starts non-persistent workers
+        clock.start_epoch()
+        span_start = time.perf_counter()
+        for step in range(steps_per_epoch):
+            clock.mark()
+            if epoch == 0 and step == steps_per_epoch // 2:
+                meters.snapshot()  # mid-epoch: the workers are alive and have touched their data
+            # The first wait counts from the epoch start: worker start-up is the pause.
+            images, labels, _ = timed.timer.next_batch(batches, loader.to_device,
+                                                       t_epoch if step == 0 else None, tracer.range)
+            timed.sizes.add(len(labels))
+            with tracer.range("step"):
+                if training:
+                    timed.loss_sum += train_step(training.ddp, training.optimizer, training.scaler,
+                                                 images.to(numerics.model_input), labels,
+                                                 numerics.autocast, tracer)
+            tracer.step()
+            timed.samples += len(labels)
+        clock.mark()
+        # sync point: the epoch's queued GPU work is done, so the step clock's span (first to
+        # last mark) ends here on the device timeline and on the host's clock alike
+        synchronize(device)
+        timed.step_spans.append(time.perf_counter() - span_start)
+        if next(batches, None) is not None:  # run the loader to its end: shutdown, reset
+            raise RuntimeError(f"loader {args.loader} yielded more than {steps_per_epoch} batches")
+        timed.epoch_times.append(time.perf_counter() - t_epoch)
+        timed.step_times += clock.intervals_s()
+        timed.h2d.append(loader.h2d_seconds())
+    synchronize(device)
+    timed.train_time = time.perf_counter() - t_train
+    # the meters' windows end where train_time does, not after the tracer's export
+    meters.finish()
+    tracer.stop()
+    return timed
+
+
+def rank_record(rank: int, timed: Timed, training: Training | None, memory: dict[str, Any],
+                measured: dict[str, Any], uuid: str | None, parent_death: str, steps: int
+                ) -> dict[str, Any]:
+    """What this rank measured, for rank 0 to combine (docs/design.md names)."""
+    loss_sum = timed.loss_sum.item() if timed.loss_sum is not None else 0.0
+    return {
+        "rank": rank,
+        # the node whose part started this rank (multicard.run.node_step), None on one node: with
+        # static ranks rank 0 is node 0's
+        "node": int(os.environ["MULTICARD_NODE"]) if "MULTICARD_NODE" in os.environ else None,
+        "train_time_s": timed.train_time,
+        "epoch_time_s": timed.epoch_times,
+        "step_times_s": timed.step_times,
+        "step_span_host_s": timed.step_spans,  # host clock over the span the step times cover
+        "first_batch_latency_s": timed.timer.first_waits,
+        "data_wait_s": timed.timer.data_wait_s,
+        "h2d_wait_s": timed.timer.h2d_wait_s,
+        "h2d_time_s": None if None in timed.h2d else sum(timed.h2d),  # type: ignore[arg-type]
+        "samples": timed.samples,
+        "batch_sizes_warmed": sorted(training.warmed) if training else [],
+        "batch_sizes_timed": sorted(timed.sizes),
+        "loss_mean": loss_sum / max(1, steps),
+        **memory,
+        **measured,
+        "host": os.uname().nodename,
+        "pid": os.getpid(),
+        "gpu_uuid": uuid,
+        "parent_death": parent_death,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),  # its binding's share (numa_bind)
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 @contextmanager
@@ -529,7 +575,7 @@ def gpu_uuid(device: torch.device) -> str:
 
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    artifact.write_text_atomic(path, json.dumps(payload, indent=1))
+    integrity.write_text_atomic(path, json.dumps(payload, indent=1))
 
 
 if __name__ == "__main__":

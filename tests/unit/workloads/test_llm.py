@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from multicard import devices, energy, kinds, numa, params
 from multicard.data import llm as assets
-from multicard.workloads import llm
+from multicard.measure import devices, energy, numa
+from multicard.plan import params
+from multicard.workloads import llm, registry
 
 ASSETS = llm.Assets(Path("/w/ckpt"), Path("/w/tok/tokenizer.model"), Path("/w/tok/special.json"),
                     Path("/w/data"))
@@ -78,25 +79,25 @@ def test_tiny_model_and_method_specific_overrides() -> None:
 
 
 def test_pin_memory_adds_the_start_up_hook() -> None:
-    _, env = kinds.llm_command(settings(pin_memory=True), Path("/t"), Path("/d"), kinds.TrialLaunch())
+    _, env = registry.llm_command(settings(pin_memory=True), Path("/t"), Path("/d"), registry.TrialLaunch())
     assert env["MULTICARD_PIN_MEMORY"] == "1"
     hook = Path(env["PYTHONPATH"].split(":")[0])
     assert (hook / "sitecustomize.py").is_file()
-    assert kinds.llm_command(settings(), Path("/t"), Path("/d"), kinds.TrialLaunch())[1] == {}
+    assert registry.llm_command(settings(), Path("/t"), Path("/d"), registry.TrialLaunch())[1] == {}
 
 
 def test_skip_reasons() -> None:
     cpu = settings(device="cpu", model="tiny")
-    no_gpu = kinds.Machine([], ONE_NODE, numactl=False)
-    assert kinds.llm_unrunnable(cpu, "none", no_gpu) is None
-    assert kinds.llm_unrunnable({**cpu, "method": "qat"}, "none", no_gpu)[0] == "NoSingleDeviceRecipe"  # type: ignore[index]
-    assert kinds.llm_unrunnable({**cpu, "gpus": 2}, "none", no_gpu)[0] == "NeedsGPUs"  # type: ignore[index]
-    assert kinds.llm_unrunnable(cpu, "nsys", no_gpu)[0] == "TraceNotSupported"  # type: ignore[index]
-    v100 = kinds.Machine([devices.GpuIdentity(0, "GPU-a", "0000:1b:00.0", "Tesla V100", (7, 0))],
-                         ONE_NODE, numactl=False)
-    assert kinds.llm_unrunnable(settings(gpus=4), "none", v100)[0] == "NotEnoughGPUs"  # type: ignore[index]
+    no_gpu = registry.Machine([], ONE_NODE, numactl=False)
+    assert registry.llm_unrunnable(cpu, "none", no_gpu) is None
+    assert registry.llm_unrunnable({**cpu, "method": "qat"}, "none", no_gpu)[0] == "NoSingleDeviceRecipe"  # type: ignore[index]
+    assert registry.llm_unrunnable({**cpu, "gpus": 2}, "none", no_gpu)[0] == "NeedsGPUs"  # type: ignore[index]
+    assert registry.llm_unrunnable(cpu, "nsys", no_gpu)[0] == "TraceNotSupported"  # type: ignore[index]
+    v100 = registry.Machine([devices.GpuIdentity(0, "GPU-a", "0000:1b:00.0", "Tesla V100", (7, 0))],
+                            ONE_NODE, numactl=False)
+    assert registry.llm_unrunnable(settings(gpus=4), "none", v100)[0] == "NotEnoughGPUs"  # type: ignore[index]
     # the stock configs train in bf16, which a V100 cannot
-    assert kinds.llm_unrunnable(settings(), "none", v100) == (
+    assert registry.llm_unrunnable(settings(), "none", v100) == (
         "BF16NotSupported", "bf16 needs compute capability >= 8.0 (Ampere); GPU 0 (Tesla V100) is 7.0")
 
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from multicard import energy
-from multicard.energy import Energy
+from multicard.measure import energy
+from multicard.measure.energy import Energy
 from multicard.workloads.vision import combine_ranks, unmeasured
 
 
