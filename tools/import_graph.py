@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in found:
         print(f"import_graph: {line}", file=sys.stderr)
     if not found:
-        print(f"import_graph: {len(graph())} modules, no cycle, no upward import, "
+        print(f"import_graph: {len(modules())} modules, no cycle, no upward import, "
               f"{len(top_level())} top-level modules, no function over {MAX_FUNCTION_LINES} lines "
               f"but {', '.join(sorted(LONG_ALLOWED))}")
     return 1 if found else 0

@@ -104,7 +104,8 @@ class LaunchMeters:
         # CPU of every process of the launch that was waited for, start-up and loading included
         self._cpu_start, self._wall_start = children_cpu_seconds(), time.monotonic()
         self._cpu_s = self._wall_s = 0.0
-        self._sampling = self._finished = False
+        self._sampling = ExitStack()
+        self._finished = False
 
     def __enter__(self) -> LaunchMeters:
         return self
@@ -115,8 +116,7 @@ class LaunchMeters:
     def start(self, root_pid: int) -> None:
         """Sample the launch's process tree from `root_pid` on, in a thread, until `finish`."""
         if self.sampler:
-            self.sampler.watch(root_pid).__enter__()
-            self._sampling = True
+            self._sampling.enter_context(self.sampler.watch(root_pid))
 
     def snapshot(self) -> None:
         """Nothing to ask: the sampler looks at the launch every period on its own."""
@@ -127,8 +127,7 @@ class LaunchMeters:
         if self._finished:
             return
         self._finished = True
-        if self._sampling:
-            self.sampler.__exit__()  # type: ignore[union-attr]
+        self._sampling.close()
         self._cpu_s = children_cpu_seconds() - self._cpu_start
         self._wall_s = time.monotonic() - self._wall_start
 

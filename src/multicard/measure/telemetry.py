@@ -130,20 +130,26 @@ def _nvml_processes(pynvml: Any, handle: Any) -> Processes:
             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
 
 
-@contextlib.contextmanager
-def _nvml_session() -> Iterator[tuple[Any, str | None]]:
-    """NVML initialised for the block and shut down after it: (pynvml, None), or (None, why not)."""
+def _nvml_started() -> tuple[Any, str | None]:
+    """NVML's bindings, initialised: (pynvml, None), or (None, why not)."""
     try:
         pynvml = nvml.bindings()
 
         pynvml.nvmlInit()
     except Exception as exc:  # no driver or library
-        yield None, f"NVML unavailable: {exc}"
-        return
+        return None, f"NVML unavailable: {exc}"
+    return pynvml, None
+
+
+@contextlib.contextmanager
+def _nvml_session() -> Iterator[tuple[Any, str | None]]:
+    """NVML initialised for the block and shut down after it: (pynvml, None), or (None, why not)."""
+    pynvml, why = _nvml_started()
     try:
-        yield pynvml, None
+        yield pynvml, why
     finally:
-        pynvml.nvmlShutdown()
+        if pynvml is not None:
+            pynvml.nvmlShutdown()
 
 
 def rank_device_bytes(gpu: devices.GpuIdentity) -> tuple[int | None, str | None]:
@@ -199,7 +205,7 @@ class TrialMemorySampler:
         self.energy_error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._nvml: Any = _nvml_or_none() if gpus else None
+        self._nvml: Any = _nvml_started()[0] if gpus else None
         self._handles: list[Any] = []
         self._every: dict[str, Any] = {}  # UUID -> handle of every GPU of the machine
         self.held: Held = {}
@@ -330,16 +336,6 @@ class TrialMemorySampler:
 def _uuid(pynvml: Any, handle: Any) -> str:
     uuid = pynvml.nvmlDeviceGetUUID(handle)
     return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-
-
-def _nvml_or_none() -> Any:
-    try:
-        pynvml = nvml.bindings()
-
-        pynvml.nvmlInit()
-        return pynvml
-    except Exception:  # no driver
-        return None
 
 
 @dataclass(frozen=True)

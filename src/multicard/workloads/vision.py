@@ -252,6 +252,7 @@ def set_up_training(args: argparse.Namespace, config: LoaderConfig, numerics: Nu
 class Timed:
     """What the clock saw over the timed epochs."""
 
+    loss_sum: torch.Tensor  # on the device: no sync inside the step loop
     train_time: float = 0.0
     epoch_times: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
@@ -260,13 +261,12 @@ class Timed:
     sizes: set[int] = field(default_factory=set)  # the batch sizes timed
     samples: int = 0
     timer: BatchTimer[Any] = field(default_factory=BatchTimer)
-    loss_sum: torch.Tensor | None = None  # on the device: no sync inside the step loop
 
 
 def timed_epochs(args: argparse.Namespace, loader: Any, steps_per_epoch: int, clock: StepClock,
                  tracer: Tracer, meters: RankMeters, training: Training | None,
                  numerics: Numerics, device: torch.device, timeline: dict[str, float]) -> Timed:
-    timed = Timed(loss_sum=torch.zeros((), device=device, dtype=torch.float64))
+    timed = Timed(torch.zeros((), device=device, dtype=torch.float64))
     # the capture starts before the clock: nsys's start-up (cudaProfilerStart) is not timed
     tracer.start()
     # meters first, then the barrier: every rank's clock starts right after it
@@ -315,7 +315,6 @@ def rank_record(rank: int, timed: Timed, training: Training | None, memory: dict
                 measured: dict[str, Any], uuid: str | None, parent_death: str, steps: int
                 ) -> dict[str, Any]:
     """What this rank measured, for rank 0 to combine (docs/design.md names)."""
-    loss_sum = timed.loss_sum.item() if timed.loss_sum is not None else 0.0
     return {
         "rank": rank,
         # the node whose part started this rank (multicard.run.node_step), None on one node: with
@@ -332,7 +331,7 @@ def rank_record(rank: int, timed: Timed, training: Training | None, memory: dict
         "samples": timed.samples,
         "batch_sizes_warmed": sorted(training.warmed) if training else [],
         "batch_sizes_timed": sorted(timed.sizes),
-        "loss_mean": loss_sum / max(1, steps),
+        "loss_mean": timed.loss_sum.item() / max(1, steps),
         **memory,
         **measured,
         "host": os.uname().nodename,

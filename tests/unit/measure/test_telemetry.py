@@ -68,7 +68,7 @@ def test_the_trial_sampler_sees_a_stray_context_on_a_gpu_outside_the_trial(
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         fake = nvml_stand_in([os.getpid(), child.pid])
-        monkeypatch.setattr(telemetry, "_nvml_or_none", lambda: fake)  # type: ignore[attr-defined]
+        monkeypatch.setattr(telemetry, "_nvml_started", lambda: (fake, None))
         sampler = telemetry.TrialMemorySampler([devices.GpuIdentity(0, "GPU-a", None)], period_s=0.02)
         with sampler.watch(os.getpid()):
             time.sleep(0.2)
