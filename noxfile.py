@@ -196,6 +196,15 @@ def numa(session: nox.Session) -> None:
     _paper_session(session, "numa_binding")
 
 
+@nox.session(python=False, name="first-evidence")
+def first_evidence(session: nox.Session) -> None:
+    """One GPU, at most 9 minutes: the step profile, FP64/FP32/FP16 at 224 px x 5 trials (C1,
+    C2; C3 read), report and verify, into artifact/runs/1x<gpu>-first-evidence-<UTC>/; `--
+    --dry-run` prints the plan (exit 1 if it does not fit), `-- --out DIR` goes on."""
+    python = dev_python(session)
+    multicard(session, python, "first-evidence", *session.posargs, success_codes=(0, LEFT_FOR_LATER))
+
+
 @nox.session(python=False, name="device-check")
 def device_check(session: nox.Session) -> None:
     """benchmarks/device_check.py: one GPU, under 8 minutes, into artifact/runs/<gpu>-device-check-<UTC>/;
@@ -245,9 +254,9 @@ PAPER_RUNS = (
 # The rates the last kick-the-tires measured, read by every plan of reproduce and kick-the-tires
 CALIBRATION = RUNS / "calibration.json"
 BUDGET_PLAN = "budget.json"  # in a collection run with --budget D: what each run kept and gave up
-# One GPU, est. 33 minutes: C1-C3 (precision), C5 (pin_memory), the loaders vs the bound.
+# One GPU, est. 47 minutes: C1-C3 (precision), C5 (pin_memory), the loaders vs the bound.
 KICK_RUNS = (("table2_precision", "kick"), ("table3_pin_memory", "kick"), ("figure6_loaders", "kick"))
-# Four GPUs, est. 5 h 26 min: the multi-card claims C5-C19 (LLM with random weights), 5 trials per
+# Four GPUs, est. 5 h 25 min: the multi-card claims C5-C19 (LLM with random weights), 5 trials per
 # config (3 traced for C18); C1-C4 are kick-the-tires' and reproduce's.
 EVAL_RUNS = (
     ("table2_precision", "eval"), ("table3_pin_memory", "eval"), ("figure6_loaders", "eval"),
@@ -340,14 +349,14 @@ def reproduce(session: nox.Session) -> None:
 
 @nox.session(name="kick-the-tires", python=False)
 def kick_the_tires(session: nox.Session) -> None:
-    """Est. 33 min on one GPU: Table 2 (FP64/FP32/FP16), Table 3 and Figure 6 at 1 GPU with 5
+    """Est. 47 min on one GPU: Table 2 (FP64/FP32/FP16), Table 3 and Figure 6 at 1 GPU with 5
     trials each, into artifact/runs/kick-<UTC>/ with REPORT.md and its claims table."""
     _run_collection(session, KICK_RUNS, "kick", save_calibration=True)
 
 
 @nox.session(python=False)
 def evaluate(session: nox.Session) -> None:
-    """Est. 5 h 26 min on 4 GPUs: the multi-card claims C5-C19 (LLM with random weights), plan and
+    """Est. 5 h 25 min on 4 GPUs: the multi-card claims C5-C19 (LLM with random weights), plan and
     each claim's power first (`-- --dry-run` stops there), into artifact/runs/evaluate-<UTC>/."""
     _run_collection(session, EVAL_RUNS, "evaluate", power=True)
 
@@ -381,7 +390,15 @@ def verify(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def bench(session: nox.Session) -> None:
-    """benchmarks/: harness overhead, loader images/s vs the bound, trace-parser speed vs a scan."""
+    """benchmarks/: harness overhead (a smoke trial's wall time split; the harness's epoch path
+    against a plain loop, A-B-B-A in one process, into artifact/runs/bench-harness-ab-<UTC>/),
+    loader images/s vs the bound, trace-parser speed vs a scan."""
     python = dev_python(session)
     for script in ("harness_overhead.py", "loader_throughput.py", "trace_parse.py"):
         session.run(python, str(ROOT / "benchmarks" / script))
+    # on the GPU where there is one (both operating points, about 6 minutes), else the CPU's tiny
+    # stand-ins (about a minute on 2 cores): the path, not the numbers
+    found = session.run(python, "-c", "import torch; print(torch.cuda.is_available())", silent=True)
+    device = "cuda" if str(found).strip().endswith("True") else "cpu"
+    out = RUNS / f"bench-harness-ab-{stamp()}" / "harness_ab.json"
+    session.run(python, str(ROOT / "benchmarks" / "harness_ab.py"), "--device", device, "--out", str(out))

@@ -11,17 +11,21 @@ nothing failed, but parts were left for the budget (run it again with the same -
 It needs only Python, torch, torchvision and multicard's light dependencies (pandas, tabulate,
 matplotlib, scipy, filelock, nvidia-ml-py, tomli-w): no nox, DALI, torchtune or network. It writes
 `artifact/runs/<N>x<gpu-model>-device-check-<UTC>/` (`cpu-device-check-<UTC>` on CPU): one run
-directory per part below, `plain_loop/`, `env.json`, `device_check.json`, `tables/`, SHA256SUMS
+directory per trial part below, `harness/` (harness_ab.json: every block's raw seconds and steps,
+its log, the GPUs' clock limits around it), `env.json`, `device_check.json`, `tables/`, SHA256SUMS
 after every part, and REPORT.md with figures once every part has run.
 
-Parts, 1 GPU, Scenario A at 100 px, in the order they run:
-- harness: the harness against a plain loop, like for like: 3 rounds, each one plain-loop process
-  (benchmarks/plain_loop.py: the same step, warm-up and steps, in a one-rank DDP and bare) and a
-  harness trial (fp16, nhwc, the synthetic loader's resident batch), which goes first alternating
-  round by round; the first round's plain loop goes first and sets the steps: a probe of its bare
-  loop, so every timed window is at least WINDOW_S, and timm's model once where timm imports;
-- precision: fp64 / fp32 / tf32 / fp16 / bf16, 1 trial each (2 epochs of 50 steps, the DataLoader),
-  TF32 flags read back and TF32 measured (an fp32 matmul and convolution against float64);
+Parts, 1 GPU, in the order they run:
+- harness: the harness against a plain loop, like for like, in one process
+  (benchmarks/harness_ab.py): A-B-B-A blocks of the harness's epoch path (vision.timed_epochs with
+  its meters, step clock, batch timer and loader epochs) and of a plain loop of the same
+  train_step on the same model and resident batch, HARNESS_RUN's pairs of them, an A/A control,
+  and the plain loop against a bare model (no DDP: DDP's host bookkeeping), at the host-bound
+  point (fp16, 100 px, batch 64, nhwc) and at the judged one (fp32, 224 px, batch 128); each a
+  paired ratio of images/s with its 95 % interval, and whether it is within +-2 %;
+- precision: fp64 / fp32 / tf32 / fp16 / bf16, 1 trial each (2 epochs of 50 steps, the DataLoader,
+  Scenario A at 100 px), TF32 flags read back and TF32 measured (an fp32 matmul and convolution
+  against float64);
 - pin_memory: off / on at fp16, 1 trial each;
 - nsys: the precision part's fp32 trial once more, traced, captured and parsed, where `nsys` is on
   PATH: what tracing costs (traced / untraced time);
@@ -31,8 +35,7 @@ failed; its estimate learns from the trials already run (the planner's calibrati
 rates per setting, and the guessed cost model scaled by what the run has measured of it).
 The checks: CUDA-event step times against the host's clock over the same spans (within 5 %),
 every precision's TF32 as set, the harness not slower than the plain loop by more than
-PLAIN_LOOP_TOLERANCE (its interval wholly below), every timed window of the comparison at least
-WINDOW_S.
+PLAIN_LOOP_TOLERANCE at the host-bound point (its interval wholly below), the comparison run.
 """
 
 from __future__ import annotations
@@ -58,9 +61,9 @@ if str(ROOT / "src") not in sys.path:  # a bare checkout: no install needed
 
 from multicard import integrity  # noqa: E402
 from multicard.errors import InputError  # noqa: E402
-from multicard.judge import stats  # noqa: E402
+from multicard.judge import summarize  # noqa: E402
 from multicard.measure import environment, gpu_state, telemetry  # noqa: E402
-from multicard.plan import calibrate, cost, launch, params  # noqa: E402
+from multicard.plan import calibrate, cost, launch  # noqa: E402
 from multicard.plan import spec as specmod  # noqa: E402
 from multicard.plan.precision import PRECISIONS  # noqa: E402
 from multicard.profiling import nsys  # noqa: E402
@@ -73,18 +76,26 @@ STEP_CLOCK_TOLERANCE = 0.05
 # The harness may cost this much of a plain loop's images/s before the check fails: its loader's
 # epochs, the step clock and the meters are not free, but more would be a harness problem.
 PLAIN_LOOP_TOLERANCE = 0.10
-# Each timed window of the comparison lasts at least this long: a GPU's clocks settle, and
-# NVML's energy counter resolves it (energy.MIN_COUNTER_WINDOW_S). A CPU run checks the path only.
-WINDOW_S = {"cuda": 10.0, "cpu": 2.0}
-# the bare loop's steps fill WINDOW_S with this to spare: its probe is short, a GPU's clocks move
-# between the probe and the loop, and on CPU the cores' other load comes and goes (a probe taken
-# under load, then loops without it, have run 1.7 s windows for 2 s with 15 % to spare)
-WINDOW_MARGIN = {"cuda": 1.15, "cpu": 1.5}
-PROBE_STEPS = 20  # timed steps of the plain loop's probe, after the warm-up
-ROUNDS = 3  # harness trials and plain-loop processes of the comparison, interleaved
-# a plain-loop process's start (imports, CUDA, a one-rank group, the models): guessed
-PLAIN_LOOP_START_S = {"cuda": 15.0, "cpu": 5.0}
-PLAIN_LOOP = ROOT / "benchmarks" / "plain_loop.py"
+HARNESS_AB = ROOT / "benchmarks" / "harness_ab.py"
+HARNESS_FILE = "harness_ab.json"
+# The comparison's blocks (benchmarks/harness_ab.py). On a GPU 2.5 s, not harness_ab's default
+# 5 s: its 68 blocks over two points must fit the 8 minutes beside the other parts, and the
+# pairs, not the blocks' length, set the interval (a pair's two blocks run within 5 s of each
+# other, and A-B-B-A cancels a linear drift across them). On CPU the path only: fewer pairs.
+HARNESS_RUN: dict[str, dict[str, Any]] = {
+    "cuda": {"block_s": 2.5, "pairs": 10, "control_pairs": 4, "bare_pairs": 4},
+    "cpu": {"block_s": 0.5, "pairs": 4, "control_pairs": 2, "bare_pairs": 2},
+}
+HARNESS_POINTS = 2  # harness_ab.POINTS: host-bound (with the bare pairs), then judged
+# Guessed until a GPU run measures them: harness_ab's start (imports, CUDA, a group of one; the
+# H200 run's plain-loop processes took 9-10 s), each point's set-up (its models, warm-up and
+# probe), each block's cost beyond its steps (the meters' start and finish, two synchronizes),
+# and how much longer than block_s a block runs (the harness arm's own cost, a probe of 20 steps).
+HARNESS_START_S = {"cuda": 15.0, "cpu": 5.0}
+POINT_SETUP_S = {"cuda": 8.0, "cpu": 6.0}
+BLOCK_OVERHEAD_S = 0.1
+BLOCK_MARGIN = 1.1
+HARNESS_TIMEOUT_S = 600  # a hung harness_ab (an NCCL or CUDA init that never returns)
 SIZES: dict[str, dict[str, Any]] = {
     "cuda": {"device": "cuda", "image_size": 100, "epochs": 2, "max_steps": 50, "batch_size": 64,
              "num_workers": 4, "test_subset": 2000, "cast": "host"},
@@ -92,29 +103,47 @@ SIZES: dict[str, dict[str, Any]] = {
             "num_workers": 1, "warmup_steps": 1, "train_subset": 1024, "test_subset": 64,
             "cast": "host"},
 }
-# The harness comparison runs in fp16 on GPUs; CPUs have no fast fp16, so bf16 there.
+# The pin_memory part runs in fp16 on GPUs; CPUs have no fast fp16, so bf16 there.
 COMPARED_PRECISION = {"cuda": "fp16", "cpu": "bf16"}
 
 
-def window_steps(device: str) -> tuple[int, int]:
-    """(epochs, max_steps) of the comparison by the cost model: their steps take WINDOW_MARGIN x
-    WINDOW_S, each epoch within the training set's full batches (as the first plain loop sets
-    them on the machine)."""
-    settings = params.resolve("vision", {**SIZES[device], "precision": COMPARED_PRECISION[device],
-                                         "layout": "nhwc", "loader": "synthetic"})
-    total = math.ceil(WINDOW_MARGIN[device] * WINDOW_S[device] / cost.vision_step_seconds(settings))
-    per_epoch = cost.full_batches(int(settings["train_subset"]), int(settings["batch_size"]), 1)
-    return cost.steps_over_epochs(total, int(settings["epochs"]), per_epoch)
+@dataclass(frozen=True)
+class Harness:
+    """The harness part: benchmarks/harness_ab.py, one process, no runner trials."""
+
+    device: str
+    block_s: float
+    pairs: int
+    control_pairs: int
+    bare_pairs: int
+
+    @classmethod
+    def on(cls, device: str) -> Harness:
+        return cls(device, **HARNESS_RUN[device])
+
+    @property
+    def blocks(self) -> int:
+        """Every point's settling block of each arm, its pairs and control pairs; the bare pairs
+        at the first point only."""
+        return HARNESS_POINTS * 2 * (1 + self.pairs + self.control_pairs) + 2 * self.bare_pairs
+
+    def guess_s(self) -> float:
+        return (HARNESS_START_S[self.device] + HARNESS_POINTS * POINT_SETUP_S[self.device]
+                + self.blocks * (self.block_s * BLOCK_MARGIN + BLOCK_OVERHEAD_S))
+
+    def argv(self, path: Path) -> list[str]:
+        return [sys.executable, str(HARNESS_AB), "--out", str(path), "--device", self.device,
+                "--block-s", f"{self.block_s:g}", "--pairs", str(self.pairs),
+                "--control-pairs", str(self.control_pairs), "--bare-pairs", str(self.bare_pairs),
+                "--data-dir", str(ROOT / "data")]
 
 
-def parts(device: str, gpus: int, with_nsys: bool, trials: int | None = None) -> dict[str, dict[str, Any]]:
-    """name -> experiment document (the spec format of experiments/*.toml); `trials` overrides
-    every part's trial count (the comparison's rounds: ROUNDS; one per config elsewhere)."""
+def parts(device: str, gpus: int, with_nsys: bool,
+          trials: int | None = None) -> dict[str, dict[str, Any] | Harness]:
+    """name -> experiment document (the spec format of experiments/*.toml), or the Harness;
+    `trials` overrides the trial parts' counts (one per config by default)."""
     fast = COMPARED_PRECISION[device]
-    epochs, steps = window_steps(device)
-    found = {  # in the order they run: the comparison first, the reason this check exists
-        "harness": ({"layout": "nhwc", "loader": "synthetic", "epochs": epochs, "max_steps": steps},
-                    {"precision": [fast]}, {}, {"count": trials or ROUNDS}),
+    found = {  # in the order they run, after the comparison (the reason this check exists)
         "precision": ({}, {"precision": ["fp64", "fp32", "tf32", "fp16", "bf16"]},
                       {"precision": "fp64"}, {"count": trials or 1}),
         "pin_memory": ({"precision": fast}, {"pin_memory": [False, True]}, {"pin_memory": False},
@@ -125,7 +154,8 @@ def parts(device: str, gpus: int, with_nsys: bool, trials: int | None = None) ->
                                                            "trace_trials": "first"})
     if gpus >= 2:
         found["nccl"] = ({"precision": fast}, {"gpus": [2]}, {}, {"count": 1})
-    return {name: _document(name, device, *part) for name, part in found.items()}
+    return {"harness": Harness.on(device),
+            **{name: _document(name, device, *part) for name, part in found.items()}}
 
 
 def _document(name: str, device: str, fixed: dict[str, Any], grid: dict[str, Any],
@@ -143,7 +173,8 @@ def _document(name: str, device: str, fixed: dict[str, Any], grid: dict[str, Any
     return doc
 
 
-def chosen(documents: dict[str, dict[str, Any]], names: str | None) -> dict[str, dict[str, Any]]:
+def chosen(documents: dict[str, dict[str, Any] | Harness],
+           names: str | None) -> dict[str, dict[str, Any] | Harness]:
     """The parts `--parts` names (all where it names none); InputError for a part there is not."""
     if names is None:
         return documents
@@ -155,8 +186,10 @@ def chosen(documents: dict[str, dict[str, Any]], names: str | None) -> dict[str,
     return {name: doc for name, doc in documents.items() if name in wanted}
 
 
-def specs(documents: dict[str, dict[str, Any]], where: Path) -> dict[str, specmod.Spec]:
-    return {name: specmod.from_document(doc, where / f"device_check_{name}.toml")
+def specs(documents: dict[str, dict[str, Any] | Harness],
+          where: Path) -> dict[str, specmod.Spec | Harness]:
+    return {name: doc if isinstance(doc, Harness)
+            else specmod.from_document(doc, where / f"device_check_{name}.toml")
             for name, doc in documents.items()}
 
 
@@ -174,28 +207,14 @@ def pending(s: specmod.Spec, records: list[dict[str, Any]]) -> list[specmod.Plan
     return [p for p in specmod.plan(s) if p.key not in final]
 
 
-def plain_rounds_left(out: Path, rounds: int) -> list[int]:
-    return [t for t in range(rounds) if not (out / "plain_loop" / f"round-{t}.json").is_file()]
-
-
-def round_loops(t: int) -> tuple[str, ...]:
-    """Round t's plain loops: DDP and bare, their order alternating, and timm's model in the
-    first round where timm imports (a second opinion: once is enough)."""
-    import importlib.util
-
-    order = ("ddp", "bare") if t % 2 == 0 else ("bare", "ddp")
-    return (*order, "timm") if t == 0 and importlib.util.find_spec("timm") is not None else order
-
 
 @dataclass
 class Learned:
     """What the trials run so far say of the rest: the planner's measured rates per setting
-    (calibrate.fit), the guessed cost model scaled by what it measured of it, and a later
-    round's plain-loop process."""
+    (calibrate.fit), and the guessed cost model scaled by what it measured of it."""
 
     rates: dict[str, calibrate.Rate] = field(default_factory=dict)
     scale: float = 1.0  # measured wall / the cost model's guess, over the trials run
-    plain_later_s: float | None = None
     trials: int = 0
 
     def trial_s(self, p: specmod.PlannedTrial) -> float:
@@ -203,29 +222,13 @@ class Learned:
         return found.seconds if found.how == "measured" else self.scale * found.seconds
 
 
-def plain_later_s(rounds: dict[int, dict[str, Any]]) -> float | None:
-    """A later round's plain-loop process: the mean of those run, else the first round's less
-    its probe and timm loop (None before any ran)."""
-    later = [r["process_wall_s"] for t, r in rounds.items() if t > 0]
-    if later:
-        return statistics.fmean(later)
-    if (first := rounds.get(0)) is None:
-        return None
-    timm = (first["loops"].get("timm") or {}).get("loop_s") or 0.0
-    return first["process_wall_s"] - (first.get("probe_s") or 0.0) - timm
-
-
-def plain_rounds(out: Path) -> dict[int, dict[str, Any]]:
-    """round -> what its plain-loop process wrote, for the rounds that ran."""
-    found = sorted((out / "plain_loop").glob("round-*.json")) if (out / "plain_loop").is_dir() else []
-    return {int(path.stem.removeprefix("round-")): json.loads(path.read_text()) for path in found}
-
-
-def learn(out: Path, plan: dict[str, specmod.Spec]) -> Learned:
+def learn(out: Path, plan: dict[str, specmod.Spec | Harness]) -> Learned:
     rates: dict[str, calibrate.Rate] = {}
     guessed = measured = 0.0
     trials = 0
     for name, s in plan.items():
+        if isinstance(s, Harness):  # no trials: its blocks last what it sizes them to
+            continue
         by_config = {cid: settings for cid, _, settings in specmod.configs(s)}
         done = [(by_config[r["config_id"]], r) for r in records_of(out, name)
                 if r.get("config_id") in by_config and r.get("status") == "ok"]
@@ -234,41 +237,31 @@ def learn(out: Path, plan: dict[str, specmod.Spec]) -> Learned:
             guessed += cost.trial_seconds("vision", settings)
             measured += float(record.get("wall_s") or 0.0)
             trials += 1
-    return Learned(rates, measured / guessed if guessed and measured else 1.0,
-                   plain_later_s(plain_rounds(out)), trials)
+    return Learned(rates, measured / guessed if guessed and measured else 1.0, trials)
 
 
-def plain_loop_guess_s(s: specmod.Spec, device: str, t: int) -> float:
-    """Round t's plain-loop process by the cost model: its start, the first round's probe, and
-    each loop's warm-up and steps."""
-    settings = specmod.plan(s)[0].params
-    warmup = int(settings["warmup_steps"])
-    loop = warmup + int(settings["epochs"]) * int(settings["max_steps"])
-    probe = warmup + PROBE_STEPS if t == 0 else 0
-    steps = probe + len(round_loops(t)) * loop
-    return PLAIN_LOOP_START_S[device] + steps * cost.vision_step_seconds(settings)
-
-
-def part_seconds(name: str, s: specmod.Spec, out: Path, learned: Learned, device: str) -> float:
+def part_seconds(name: str, s: specmod.Spec | Harness, out: Path, learned: Learned) -> float:
     """What is left of a part, by what the run has learned (the model's guess before)."""
-    seconds = sum(learned.trial_s(p) for p in pending(s, records_of(out, name)))
-    if name == "harness":
-        seconds += sum(learned.plain_later_s if t > 0 and learned.plain_later_s is not None
-                       else learned.scale * plain_loop_guess_s(s, device, t)
-                       for t in plain_rounds_left(out, s.trials))
-    return seconds
+    if isinstance(s, Harness):
+        return 0.0 if harness_done(out) else s.guess_s()
+    return sum(learned.trial_s(p) for p in pending(s, records_of(out, name)))
 
 
-def print_plan(plan: dict[str, specmod.Spec], out: Path, learned: Learned, device: str,
+def part_left(name: str, s: specmod.Spec | Harness, out: Path) -> str:
+    if isinstance(s, Harness):
+        if harness_done(out):
+            return f"done ({name}/{HARNESS_FILE})"
+        return (f"1 of 1 comparison left ({HARNESS_POINTS} points in one process, {s.blocks} "
+                f"blocks of {s.block_s:g} s)")
+    return f"{len(pending(s, records_of(out, name)))} of {len(specmod.plan(s))} trials left"
+
+
+def print_plan(plan: dict[str, specmod.Spec | Harness], out: Path, learned: Learned,
                echo: Callable[[str], None]) -> float:
     total = 0.0
     for name, s in plan.items():
-        seconds = part_seconds(name, s, out, learned, device)
-        left = len(pending(s, records_of(out, name)))
-        rounds = len(plain_rounds_left(out, s.trials))
-        extra = f" + {rounds} plain-loop process(es)" if name == "harness" else ""
-        echo(f"{name}: {left} of {len(specmod.plan(s))} trials left{extra}, estimated "
-             f"{runner.format_duration(seconds)}")
+        seconds = part_seconds(name, s, out, learned)
+        echo(f"{name}: {part_left(name, s, out)}, estimated {runner.format_duration(seconds)}")
         total += seconds
     verdict = "within" if total <= TARGET_S else "OVER"
     how = (f"learned from {learned.trials} trial(s) run" if learned.trials
@@ -278,83 +271,44 @@ def print_plan(plan: dict[str, specmod.Spec], out: Path, learned: Learned, devic
     return total
 
 
-# --- the comparison: harness trials and plain-loop processes, interleaved -----------------------
+# --- the comparison: benchmarks/harness_ab.py in its own process --------------------------------
 
-def run_comparison(s: specmod.Spec, out: Path, device: str, echo: Callable[[str], None]) -> None:
-    """Round by round, a plain-loop process and the harness's next trial (a resume of the part),
-    which goes first alternating (a drift in the GPU's clocks then weighs on both alike), each
-    skipped where a call before ran it. The first round's plain loop goes first: it sets the
-    steps that fill WINDOW_S on this machine (the cost model only guesses them), and every
-    harness trial and later loop takes them."""
-    name = "harness"
-    for t in range(s.trials):
-        for turn in ("plain", "harness") if t % 2 == 0 else ("harness", "plain"):
-            measured = comparison_spec(s, out)
-            if turn == "plain" and t in plain_rounds_left(out, s.trials):
-                run_plain_round(measured, out, t, device, echo)
-            elif turn == "harness" and any(p.trial == t for p in pending(measured, records_of(out, name))):
-                runner.run(measured, out / name, trials=t + 1, data_dir=ROOT / "data", echo=echo)
-        GATE.check()
+def harness_done(out: Path) -> bool:
+    return (out / "harness" / HARNESS_FILE).is_file()
 
 
-def run_plain_round(s: specmod.Spec, out: Path, t: int, device: str, echo: Callable[[str], None]) -> None:
-    """Round t's plain-loop process. The first sets the steps, unless a harness trial ran before
-    it (a resume: the trials keep theirs). A failure is kept (failed-<t>.json, its log) and
-    fails the check; the rounds after it still run, and a later call runs it again."""
-    window = WINDOW_MARGIN[device] * WINDOW_S[device] if t == 0 and not records_of(out, "harness") else None
-    why = run_plain_loop(s, out / "plain_loop" / f"round-{t}.json", round_loops(t), window)
+def run_harness(h: Harness, out: Path, echo: Callable[[str], None]) -> None:
+    """The comparison, with the GPUs' clock limits read before and after it (its
+    gpu-state-end.json, as a run's). A failure is kept (failed.json, its log) and fails the
+    check until a later call runs it."""
+    part = out / "harness"
+    part.mkdir(parents=True, exist_ok=True)
+    before, _ = gpu_state.every_gpu()
+    why = run_harness_ab(h, part / HARNESS_FILE)
+    after, none_why = gpu_state.every_gpu()
+    integrity.write_text_atomic(part / gpu_state.END_FILE, json.dumps(
+        {"captured": datetime.now(UTC).isoformat(timespec="seconds"),
+         "gpus": gpu_state.with_held_down(after, before), "why_none": none_why}, indent=1))
     if why is not None:
-        integrity.write_text_atomic(out / "plain_loop" / f"failed-{t}.json",
-                                    json.dumps({"round": t, "why": why}, indent=1))
-        echo(f"plain loop, round {t}: {why}")
+        integrity.write_text_atomic(part / "failed.json", json.dumps({"why": why}, indent=1))
+        echo(f"harness: {why}")
 
 
-def plain_loop_failures(out: Path, rounds: int) -> list[dict[str, Any]]:
-    """The rounds whose plain loop failed and has not run since."""
-    left = plain_rounds_left(out, rounds)
-    return [json.loads(path.read_text()) for t in left
-            if (path := out / "plain_loop" / f"failed-{t}.json").is_file()]
-
-
-def as_run(plan: dict[str, specmod.Spec], out: Path) -> dict[str, specmod.Spec]:
-    """The plan with the harness part's steps as its first plain loop picked them (where it ran):
-    its records are of that spec."""
-    return {name: comparison_spec(s, out) if name == "harness" else s for name, s in plan.items()}
-
-
-def comparison_spec(s: specmod.Spec, out: Path) -> specmod.Spec:
-    """The harness part with the epochs and steps the first plain loop picked (as planned
-    before it ran)."""
-    first = out / "plain_loop" / "round-0.json"
-    if not first.is_file():
-        return s
-    picked = json.loads(first.read_text())
-    fixed = {**s.fixed, "epochs": int(picked["epochs"]), "max_steps": int(picked["max_steps"])}
-    return specmod.from_document(specmod.to_document(s) | {"fixed": fixed}, s.path)
-
-
-def run_plain_loop(s: specmod.Spec, path: Path, loops: tuple[str, ...], window_s: float | None) -> str | None:
-    """One plain-loop process writing `path`; None, or why it failed (its output kept beside)."""
-    settings = specmod.plan(s)[0].params
-    argv = [sys.executable, str(PLAIN_LOOP), "--out", str(path), "--order", ",".join(loops),
-            "--probe-steps", str(PROBE_STEPS),
-            *(["--window-s", str(window_s)] if window_s is not None else []), "--",
-            *params.to_flags({k: v for k, v in settings.items() if k in params.VISION}),
-            "--data-dir", str(ROOT / "data")]
-    device = str(settings["device"])
-    # the environment of a one-rank harness trial: the same threads, spin count, dropped TF32
-    # overrides and GPU
-    env = launch.trial_env({**os.environ, **launch.cpu_trial_env(device, os.environ)}, 1,
+def run_harness_ab(h: Harness, path: Path) -> str | None:
+    """harness_ab.py writing `path`, in its own process (no CUDA context is left in this one),
+    with a one-rank trial's environment (threads, OpenMP spin count, dropped TF32 overrides) and
+    GPU; None, or why it failed (its output kept beside)."""
+    env = launch.trial_env({**os.environ, **launch.cpu_trial_env(h.device, os.environ)}, 1,
                            launch.allocated_cpus())
-    env |= launch.own_gpus(device, 1, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    env |= launch.own_gpus(h.device, 1, os.environ.get("CUDA_VISIBLE_DEVICES"))
     logs = len(list(path.parent.glob(f"{path.stem}*.log")))  # a retry's log beside the first's
     log = path.parent / f"{path.stem}{f'-{logs}' if logs else ''}.log"
-    try:  # a hung loop (an NCCL or CUDA init that never returns) must not take the whole slot
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=s.timeout_s)
+    try:  # a hung process must not take the whole slot
+        done = subprocess.run(h.argv(path), env=env, capture_output=True, text=True,
+                              timeout=HARNESS_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
         integrity.write_text_atomic(log, _text(exc.stdout) + _text(exc.stderr))
-        return f"timed out after {s.timeout_s:g} s (the spec's trial timeout); see {log.name}"
+        return f"timed out after {HARNESS_TIMEOUT_S} s; see {log.name}"
     integrity.write_text_atomic(log, done.stdout + done.stderr)
     if done.returncode == 0:
         return None
@@ -367,55 +321,30 @@ def _text(output: str | bytes | None) -> str:
     return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
-def plain_loop_results(out: Path) -> dict[str, list[float]]:
-    """images/s of each loop over the rounds run, and the DDP and bare loops' windows (timm's
-    model is a second opinion, not the comparison)."""
-    found: dict[str, list[float]] = {}
-    for _, written in sorted(plain_rounds(out).items()):
-        for name, loop in written["loops"].items():
-            if loop.get("images_s"):
-                found.setdefault(f"{name}_images_s", []).append(float(loop["images_s"]))
-                if name != "timm":
-                    found.setdefault("windows_s", []).append(float(loop["window_s"]))
-    return found
+def harness_failure(out: Path) -> dict[str, Any] | None:
+    """Why the comparison failed, where it has not run since."""
+    failed = out / "harness" / "failed.json"
+    return json.loads(failed.read_text()) if failed.is_file() and not harness_done(out) else None
 
 
-def comparison(out: Path, device: str) -> dict[str, Any]:
-    """The harness against the plain loops: ratios of their mean images/s, with Welch's interval
-    on log values where each has two rounds or more, and the shortest timed window."""
-    harness = [r["metrics"]["throughput_samples_s"] for r in records_of(out, "harness")
-               if r["status"] == "ok" and r["metrics"].get("throughput_samples_s")]
-    windows = [r["metrics"]["train_time_s"] for r in records_of(out, "harness") if r["status"] == "ok"]
-    loops = plain_loop_results(out)
-    found: dict[str, Any] = {"rounds": len(harness), "multicard_images_s": _mean(harness),
-                             **{k: _mean(v) for k, v in loops.items() if k != "windows_s"}}
-    # like for like: the harness against the one-rank DDP loop, that loop against the same loop
-    # without DDP, and (both without DDP) torchvision's MobileNetV2 against timm's
-    measured = {"multicard": harness, **loops}
-    for name, top, over in (("multicard / plain loop", "multicard", "ddp_images_s"),
-                            ("plain loop / bare loop", "ddp_images_s", "bare_images_s"),
-                            ("bare loop / timm", "bare_images_s", "timm_images_s")):
-        found[name] = _ratio(measured.get(top, []), measured.get(over, []))
-    shortest = min([*windows, *loops.get("windows_s", [])], default=None)
-    found["shortest_window_s"] = shortest
-    # judged on GPUs only: on CPU the cores' other load moves the loops' speed between the probe
-    # and the windows (a CI machine ran 1.85 s windows planned at 3 s), and the CPU check checks
-    # the path, not the clocks' settling or NVML's counter
-    found["windows_long_enough"] = None if shortest is None or device != "cuda" \
-        else shortest >= WINDOW_S[device]
-    return found
-
-
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-def _ratio(top: list[float], bottom: list[float]) -> dict[str, Any] | None:
-    """mean(top) / mean(bottom) as a ratio of geometric means with its 95 % interval."""
-    if not top or not bottom:
-        return None
-    r = stats.ratio_of_means(top, bottom, cross_check=False)
-    return {"ratio": r.value, "ci_lo": r.ci_lo, "ci_hi": r.ci_hi, "n": [len(top), len(bottom)]}
+def harness_comparison(out: Path) -> dict[str, Any]:
+    """What harness_ab.json says: every point's ratios and lines; the host-bound point's ratio
+    (the one judged: the harness's host work weighs the most there) and DDP's host bookkeeping."""
+    path = out / "harness" / HARNESS_FILE
+    if not path.is_file():
+        return {"harness_ab": None, "harness_lines": [], "harness / plain loop": None,
+                "harness_point": None, "plain loop / bare loop": None, "shortest_block_s": None,
+                "block_s": None}
+    found = json.loads(path.read_text())
+    points = {p["name"]: p for p in found["points"]}
+    host = points.get("host-bound", {"results": {}})
+    return {"harness_ab": {name: {"label": p["label"], **p["results"]} for name, p in points.items()},
+            "harness_lines": found["lines"],
+            "harness / plain loop": host["results"].get("main"), "harness_point": host.get("label"),
+            "plain loop / bare loop": host["results"].get("bare"),
+            "shortest_block_s": min((b["seconds"] for p in found["points"] for b in p["blocks"]),
+                                    default=None),
+            "block_s": found["block_s"]}
 
 
 # --- the checks, on finished runs (pure: records and result.json in, numbers out) ---------------
@@ -496,17 +425,17 @@ def run_name(device: str, gpus: list[Any]) -> str:
 def summarize_checks(rows: list[dict[str, Any]], compared: dict[str, Any], device: str) -> dict[str, Any]:
     agreement = [r["step_clock_vs_wall"] for r in rows if "step_clock_vs_wall" in r]
     tf32 = [r["tf32_as_set"] for r in rows if r.get("tf32_as_set") is not None]
-    ratio = compared.get("multicard / plain loop")
     return {
         "trials": len(rows), "ok": sum(r["status"] == "ok" for r in rows),
         "not_ok": [r for r in rows if r["status"] not in ("ok", "skipped")],
         "step_clock_vs_wall_max": max(agreement) if agreement else None,
-        "step_clock_within_tolerance": bool(agreement) and max(agreement) <= STEP_CLOCK_TOLERANCE,
+        # None: no trial ran (the comparison's own blocks carry their step clock in harness_ab.json)
+        "step_clock_within_tolerance": max(agreement) <= STEP_CLOCK_TOLERANCE if agreement else None,
         "tf32_flags_as_set": all(tf32) if tf32 else None,  # None: no trial ran
         **compared,
-        # on CPU the harness's own processes (torchrun's agent, the runner) share the cores with
-        # the step, so a busy machine slows it apart from the loop: shown, judged on GPUs only
-        "harness_costs_too_much": harness_costs_too_much(ratio) if device == "cuda" else None,
+        # on CPU the check checks the path: tiny sizes, on cores that other work shares
+        "harness_costs_too_much": harness_costs_too_much(compared.get("harness / plain loop"))
+        if device == "cuda" else None,
         "nsys_traced_over_untraced": tracing_cost(rows),
         "energy_per_sample_j": energy_by_precision(rows),
         "energy_read_by": sorted({r["energy_read_by"] for r in rows
@@ -516,54 +445,57 @@ def summarize_checks(rows: list[dict[str, Any]], compared: dict[str, Any], devic
 
 def harness_costs_too_much(ratio: dict[str, Any] | None) -> bool | None:
     """Whether the harness is slower than the plain loop by more than PLAIN_LOOP_TOLERANCE: its
-    interval (of the rounds' images/s) wholly below 1 - tolerance, a one-sided test at 2.5 %, so
-    a busy machine's noise reads as no evidence, not as a failure; the point alone with one
-    round. None before the comparison ran."""
-    if ratio is None:
+    interval (of the pairs' images/s) wholly below 1 - tolerance, a one-sided test at 2.5 %, so
+    noise reads as no evidence, not as a failure; the point alone without an interval (null, or
+    NaN in an older summary). None before the comparison ran."""
+    if ratio is None or ratio.get("ratio") is None:
         return None
-    upper = ratio["ratio"] if math.isnan(ratio["ci_hi"]) else ratio["ci_hi"]
+    hi = ratio.get("ci_hi")
+    upper = ratio["ratio"] if hi is None or math.isnan(hi) else hi
     return upper < 1 - PLAIN_LOOP_TOLERANCE
 
 
 def energy_by_precision(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean GPU energy per image of each precision's ok trials in the precision part (one
-    setting apart from the precision: the other parts differ in more), or why there is none."""
+    """GPU energy per image of each precision's ok trials in the precision part (one setting
+    apart from the precision: the other parts differ in more): mean and 95 % interval from
+    MIN_ENERGY_TRIALS trials on, else why not (summarize.energy_gate, or the trials' reason)."""
     found: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        if row["part"] != "precision" or row["status"] != "ok":
-            continue
-        found.setdefault(row["precision"], []).append(row)
+        if row["part"] == "precision" and row["status"] == "ok":
+            found.setdefault(row["precision"], []).append(row)
     # in the precisions' own order (fp64 first), not the shuffled order the trials ran in
-    ordered = sorted(found.items(), key=lambda item: list(PRECISIONS).index(item[0]))
-    return {name: statistics.fmean(values) if (values := [r["energy_per_sample_j"] for r in trials
-                                                          if r["energy_per_sample_j"] is not None])
-            else f"not measured: {trials[0]['energy_reason']}" for name, trials in ordered}
+    ordered = sorted(found, key=list(PRECISIONS).index)
+    gated = summarize.energy_by_group({name: [r["energy_per_sample_j"] for r in found[name]]
+                                       for name in ordered})
+    return {name: {"n": s.n, "mean": s.mean, "ci_lo": s.ci_lo, "ci_hi": s.ci_hi} if s
+            else f"not measured: {found[name][0]['energy_reason']}"
+            if why == summarize.energy_gate(0) else why
+            for name, (s, why) in gated.items()}
 
 
 def energy_text(by_precision: dict[str, Any]) -> str:
-    return "; ".join(f"{name} {value * 1e3:.4g} mJ" if isinstance(value, float) else f"{name} {value}"
-                     for name, value in by_precision.items()) or "no precision trial ran"
-
-
-def ratio_text(found: dict[str, Any] | None) -> str:
-    if found is None:
-        return "n/a"
-    ci = "" if math.isnan(found["ci_lo"]) else f" [{found['ci_lo']:.3g}, {found['ci_hi']:.3g}]"
-    return f"{found['ratio']:.3g}{ci} (n {found['n'][0]}/{found['n'][1]})"
+    """A summary's energies in mJ; a float is a summary written before the n >= 3 gate."""
+    def text(value: Any) -> str:
+        if isinstance(value, dict):
+            return (f"{value['mean'] * 1e3:.4g} mJ [{value['ci_lo'] * 1e3:.4g}, "
+                    f"{value['ci_hi'] * 1e3:.4g}] (n = {value['n']})")
+        return f"{value * 1e3:.4g} mJ" if isinstance(value, float) else str(value)
+    return "; ".join(f"{name} {text(value)}" for name, value in by_precision.items()) \
+        or "no precision trial ran"
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """What the check found, one line each (printed, and appended to REPORT.md)."""
+    failed = summary.get("harness_failed")
+    cost_verdict = _cost_verdict(summary["harness_costs_too_much"]) \
+        if summary.get("harness / plain loop") else "n/a (the comparison has not run)"
     return [
-        f"multicard / plain loop: {ratio_text(summary['multicard / plain loop'])} "
-        f"({_num(summary['multicard_images_s'])} vs {_num(summary.get('ddp_images_s'))} images/s; "
-        f"costs more than {PLAIN_LOOP_TOLERANCE:.0%}: "
-        f"{_cost_verdict(summary['harness_costs_too_much'])})",
-        f"plain loop / bare loop (DDP's own cost): {ratio_text(summary['plain loop / bare loop'])}",
-        f"bare loop / timm (torchvision's model against timm's, both without DDP): "
-        f"{ratio_text(summary['bare loop / timm'])}",
-        f"shortest timed window: {_num(summary['shortest_window_s'])} s (long enough: "
-        f"{_window_verdict(summary['windows_long_enough'], summary['shortest_window_s'])})",
+        *(summary.get("harness_lines") or ["harness / plain loop: n/a (the harness part has not run)"]),
+        f"harness costs more than {PLAIN_LOOP_TOLERANCE:.0%} of the plain loop's images/s at "
+        f"{summary.get('harness_point') or 'the host-bound point'}: "
+        f"{cost_verdict}",
+        f"shortest harness / plain-loop block: {_num(summary.get('shortest_block_s'))} s "
+        f"(sized for {_num(summary.get('block_s'))} s)",
         f"step clock vs wall clock: largest deviation {_pct(summary['step_clock_vs_wall_max'])} "
         f"(tolerance {STEP_CLOCK_TOLERANCE:.0%}); TF32 as set: {summary['tf32_flags_as_set']}",
         f"nsys traced / untraced training time (fp32): {_num(summary['nsys_traced_over_untraced'])}",
@@ -572,8 +504,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"{energy_text(summary['energy_per_sample_j'])}"
         + ("; read two ways, so not comparable with each other"
            if len(summary["energy_read_by"]) > 1 else ""),
-        "plain-loop rounds failed: "
-        f"{', '.join(str(f['round']) for f in summary['plain_loop_failed']) or 'none'}",
+        f"harness comparison failed: {failed['why'] if failed else 'no'}",
         f"seconds a limit held the GPU clocks down during the parts (NVML's violation counters): "
         f"{held_down_text(summary['clocks_held_down_s'])}",
     ]
@@ -611,12 +542,6 @@ def held_down_text(seconds: dict[str, float | None] | None) -> str:
         ", ".join(f"{name} {'n/a' if value is None else f'{value:.3g} s'}" for name, value in seconds.items())
 
 
-def _window_verdict(value: bool | None, shortest: float | None) -> str:
-    if shortest is None:
-        return "n/a"
-    return "not judged on CPU" if value is None else str(value)
-
-
 def _cost_verdict(value: bool | None) -> str:
     # False is no evidence of a cost, not evidence of none: a wide interval reaching above the
     # tolerance cannot fail the check
@@ -643,23 +568,25 @@ def missing_modules() -> list[str]:
     return [name for name in NEEDED if importlib.util.find_spec(name) is None]
 
 
-def checkpoint(out: Path, plan: dict[str, specmod.Spec], device: str, skipped: dict[str, str],
-               final: bool) -> dict[str, Any]:
+def checkpoint(out: Path, plan: dict[str, specmod.Spec | Harness], device: str,
+               skipped: dict[str, str], final: bool) -> dict[str, Any]:
     """The checks of every part run so far and SHA256SUMS, so a run cut short stays verifiable;
     `final`: REPORT.md with its figures too (once, at the end: they are the slow part)."""
-    ran = [name for name in plan if (out / name / store.TRIALS_FILE).is_file()]
-    rows = [row for name in ran for row in trial_checks(out / name, name)]
-    rounds = plan["harness"].trials if "harness" in plan else 0
-    summary = {**summarize_checks(rows, comparison(out, device), device), "parts_run": ran,
-               "parts_left": skipped, "plain_loop_failed": plain_loop_failures(out, rounds),
+    runs = [name for name, s in plan.items()
+            if not isinstance(s, Harness) and (out / name / store.TRIALS_FILE).is_file()]
+    ran = [name for name, s in plan.items()
+           if name in runs or (isinstance(s, Harness) and harness_done(out))]
+    rows = [row for name in runs for row in trial_checks(out / name, name)]
+    summary = {**summarize_checks(rows, harness_comparison(out), device), "parts_run": ran,
+               "parts_left": skipped, "harness_failed": harness_failure(out),
                "clocks_held_down_s": clocks_held_down([out / name for name in ran])}
     write_checks(out, rows, summary)
-    if final and ran:
-        document.write_report([out / name for name in ran], out, claim_list=None)
+    if final and runs:
+        document.write_report([out / name for name in runs], out, claim_list=None)
         with (out / "REPORT.md").open("a", encoding="utf-8") as f:
             f.write("\n".join(["", "## Device check", "", *(f"- {line}" for line in summary_lines(summary)),
-                               "", "Per trial: `tables/device_check.md`; all numbers: `device_check.json`.",
-                               ""]))
+                               "", "Per trial: `tables/device_check.md`; all numbers: `device_check.json`; "
+                               f"every block of the comparison: `harness/{HARNESS_FILE}`.", ""]))
     integrity.write_checksums(out)
     return summary
 
@@ -686,8 +613,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="run directory (default under artifact/runs/); an "
                         "existing one is continued where it stopped")
     parser.add_argument("--trials", type=int, choices=range(1, 11), metavar="N",
-                        help=f"trials per config in harness, precision and pin_memory (default: "
-                             f"{ROUNDS} rounds of the comparison, 1 elsewhere; nsys and nccl run 1)")
+                        help="trials per config in precision and pin_memory (default 1; nsys and "
+                             "nccl run 1; the harness part's pairs are HARNESS_RUN's)")
     parser.add_argument("--parts", metavar="NAME,...",
                         help="run only these parts (harness, precision, pin_memory, nsys, nccl); "
                              "default: every part this machine can run")
@@ -710,42 +637,46 @@ def check(argv: list[str] | None, clock: Callable[[], float] = time.monotonic) -
         return 2
     out = args.out or ROOT / "artifact" / "runs" / run_name(args.device, gpus)
     if args.dry_run and args.device == "cuda":  # the GPUs seen here (one where none is), nsys present
-        plan = as_run(specs(chosen(parts(args.device, max(1, len(gpus)), True, args.trials), args.parts),
-                            out), out)
-        print_plan(plan, out, learn(out, plan), args.device, print)
+        plan = specs(chosen(parts(args.device, max(1, len(gpus)), True, args.trials), args.parts), out)
+        print_plan(plan, out, learn(out, plan), print)
         print("--dry-run: nothing started (nsys runs only where it is on PATH, nccl only where two "
               "GPUs are visible)")
         return 0
     with_nsys = args.device == "cuda" and nsys.find_nsys() is not None
-    plan = as_run(specs(chosen(parts(args.device, len(gpus), with_nsys, args.trials), args.parts), out), out)
-    print_plan(plan, out, learn(out, plan), args.device, print)
+    plan = specs(chosen(parts(args.device, len(gpus), with_nsys, args.trials), args.parts), out)
+    print_plan(plan, out, learn(out, plan), print)
     if args.dry_run:
         print("--dry-run: nothing started")
         return 0
     started = clock()
     record_environment(out, gpus)
+    skipped = run_parts(plan, out, args, lambda: args.budget_s - (clock() - started))
+    summary = checkpoint(out, plan, args.device, skipped, final=not skipped)
+    for line in summary_lines(summary):
+        print(line)
+    return finish_status(summary, skipped, out, clock() - started)
+
+
+def run_parts(plan: dict[str, specmod.Spec | Harness], out: Path, args: argparse.Namespace,
+              left_s: Callable[[], float]) -> dict[str, str]:
+    """Every part in turn that fits what is left of the budget; the parts left, and why."""
     skipped: dict[str, str] = {}
-    for name in list(plan):
-        plan = as_run(plan, out)
-        s = plan[name]
-        need = part_seconds(name, s, out, learn(out, plan), args.device)
-        left = args.budget_s - (clock() - started)
+    for name, s in plan.items():
+        need, left = part_seconds(name, s, out, learn(out, plan)), left_s()
         if need > left:
             skipped[name] = (f"needs about {runner.format_duration(need)}, "
                              f"{runner.format_duration(max(0.0, left))} of the budget left")
             print(f"{name}: left for the next call ({skipped[name]})")
             continue
-        if name == "harness":
-            run_comparison(s, out, args.device, print)
+        if isinstance(s, Harness):
+            if not harness_done(out):
+                run_harness(s, out, print)
         else:
             runner.run(s, out / name, data_dir=ROOT / "data", echo=print)
         with GATE.hold():  # after every part, whole: a cut-short run is verifiable
             checkpoint(out, plan, args.device, skipped, final=False)
         GATE.check()
-    summary = checkpoint(out, as_run(plan, out), args.device, skipped, final=not skipped)
-    for line in summary_lines(summary):
-        print(line)
-    return finish_status(summary, skipped, out, clock() - started)
+    return skipped
 
 
 def record_environment(out: Path, gpus: list[Any]) -> None:
@@ -768,10 +699,9 @@ def record_environment(out: Path, gpus: list[Any]) -> None:
 
 def finish_status(summary: dict[str, Any], skipped: dict[str, str], out: Path, seconds: float) -> int:
     """0 every part ran and held, 1 a check or a trial failed, 3 nothing failed but parts are left."""
-    failed = summary["not_ok"] or summary.get("plain_loop_failed") \
+    failed = summary["not_ok"] or summary.get("harness_failed") \
         or summary["step_clock_within_tolerance"] is False \
-        or summary["tf32_flags_as_set"] is False or summary["harness_costs_too_much"] is True \
-        or summary["windows_long_enough"] is False
+        or summary["tf32_flags_as_set"] is False or summary["harness_costs_too_much"] is True
     print(f"device check: {summary['ok']}/{summary['trials']} trials ok, parts left for the next "
           f"call: {', '.join(skipped) or 'none'}, in {runner.format_duration(seconds)}; {out}")
     if failed:

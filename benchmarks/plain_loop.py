@@ -1,5 +1,6 @@
-"""The harness's training step with nothing around it, in its own process: the reference the
-device check holds the harness against, like for like.
+"""The harness's training step with nothing around it, in its own process: a standalone second
+opinion on the step itself (the device check's comparison is benchmarks/harness_ab.py, in one
+process, A-B-B-A; this script no longer runs there).
 
     python3 benchmarks/plain_loop.py --out FILE --order ddp,bare -- --device cuda --precision fp16 ...
 
@@ -10,8 +11,9 @@ and `epochs x max_steps` timed steps. What it leaves out is the harness: torchru
 epochs, the step clock, the meters, evaluation. Each loop of `--order` builds its own model and
 runs in turn in this one process:
 
-- `ddp`: the model wrapped in a one-rank DistributedDataParallel, as the harness wraps it (reducer
-  hooks, bucket copies, buffer broadcast);
+- `ddp`: the model wrapped as a one-rank harness trial wraps it (vision.wrap with the settings'
+  `single_rank_ddp`: lean DDP by default, no per-forward buffer broadcast, gradients as bucket
+  views; `default`: PyTorch's defaults, reducer hooks, bucket copies, buffer broadcast);
 - `bare`: no DDP at all, so DDP's own cost shows apart;
 - `timm`: timm's mobilenetv2_100 without DDP, where timm imports (another library's model of the
   same network, the step timm's benchmark.py times); where it does not import or fails, the loop
@@ -49,7 +51,6 @@ if str(ROOT / "src") not in sys.path:  # a bare checkout: no install needed
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torchvision  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from multicard.integrity import write_text_atomic  # noqa: E402
 from multicard.loaders import LOADERS  # noqa: E402
@@ -142,7 +143,9 @@ def run_loop(name: str, settings: argparse.Namespace, device: torch.device) -> d
     model = build_model(name, settings, device, policy)
     if model is None:
         return {"images_s": None, "why": "timm does not import"}
-    stepped = DDP(model, device_ids=[0] if device.type == "cuda" else None) if name == "ddp" else model
+    # as the harness wraps a one-rank trial's model (its `single_rank_ddp`), not DDP's defaults
+    stepped = vision.wrap(model, settings.single_rank_ddp, 1, 0 if device.type == "cuda" else None) \
+        if name == "ddp" else model
     config = vision.loader_config(settings, "train", 0, 1, device, policy)
     batch = LOADERS["synthetic"](config)  # the harness's resident batch, as its synthetic loader serves it
     images, labels, _ = next(batch.epoch(0))

@@ -66,3 +66,14 @@ def tmpfs(target: Path, options: str) -> Iterator[Path]:
         yield target
     finally:
         subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def trial_timeout(default_s: float) -> float:
+    """A test trial's timeout: `default_s`, or less where $MULTICARD_TEST_DEADLINE (tools/gpu_tests.py)
+    leaves less, so that the session still ends by itself and prints its failures."""
+    import time
+
+    from tests.conftest import deadline
+
+    ends = deadline()
+    return default_s if ends is None else max(30.0, min(default_s, ends - time.time() + 30.0))

@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("judge", ()),
     ("run", ()),
     ("publish", ()),
-    ("entry", ("multicard.cli", "multicard.__main__")),
+    ("entry", ("multicard.cli", "multicard.__main__", "multicard.first_evidence")),
 )
 MAX_TOP_LEVEL = 12  # modules directly in src/multicard/, __init__ and __main__ included
 MAX_FUNCTION_LINES = 80

@@ -85,38 +85,14 @@ def _load_spec(path: Path, profile: str, settings: dict[str, Any], args: argpars
 def _calibration(paths: list[Path], save: Path | None) -> dict[str, Any]:
     """Rates fitted from the runs (or calibration files) given, saved where asked."""
     from multicard.plan import calibrate
+    from multicard.publish.runs import calibration
 
     if save is not None and not paths:
         raise InputError("plan: --save-calibration FILE needs --calibrate RUN... (nothing to save)")
-    rates: dict[str, Any] = {}
-    for path in paths:  # a later source wins for every key it measured (a skip never replaces a rate)
-        found = calibrate.load(path) if path.is_file() else _fitted(path)
-        rates |= {key: rate for key, rate in found.items()
-                  if key not in rates or not rate.skipped or rates[key].skipped}
+    rates = calibration(paths)
     if save is not None:
         calibrate.save(rates, save)
         print(f"calibration: {len(rates)} rate(s) saved to {save}", file=sys.stderr)
-    return rates
-
-
-def _fitted(path: Path) -> dict[str, Any]:
-    """The rates of the runs under `path`, the best run per key."""
-    from multicard.plan import calibrate
-    from multicard.plan.spec import configs
-    from multicard.publish.runs import discover_runs, load_run
-
-    rates: dict[str, Any] = {}
-    for run in (load_run(d) for d in discover_runs(path)):
-        # by the config's factors, not its id: an id also covers settings added since the run
-        settings = {json.dumps(factors, sort_keys=True): values for _, factors, values in configs(run.spec)}
-        trials = [(settings[key], r) for r in run.records
-                  if (key := json.dumps(r.get("config"), sort_keys=True)) in settings]
-        fitted = calibrate.fit(run.spec.workload, [(str(run.path), trials)])
-        fitted |= calibrate.fit_run_start(run.spec.workload, str(run.path), run.env.get("captured"),
-                                          run.records)
-        for key, rate in fitted.items():
-            if key not in rates or calibrate.better(rate, rates[key]):
-                rates[key] = rate
     return rates
 
 
@@ -330,10 +306,13 @@ def _estimate_json(found: Any) -> dict[str, Any]:
 
 def _provenance(estimates: list[Any]) -> str:
     measured = sum(e.how == "measured" for e in estimates)
-    if not measured:
+    scaled = sum(e.how == "scaled" for e in estimates)
+    if not measured and not scaled:
         return "Cost model: src/multicard/plan/cost.py, guessed (CUDA rates are estimates)."
-    return (f"{measured} of {len(estimates)} trial estimates measured (plan --calibrate), "
-            f"{len(estimates) - measured} guessed (src/multicard/plan/cost.py).")
+    carried = (f"{scaled} scaled from a rate measured at another image size, batch or one-rank DDP "
+               "(plan/calibrate.py scaled_estimate), ") if scaled else ""
+    return (f"{measured} of {len(estimates)} trial estimates measured (plan --calibrate), {carried}"
+            f"{len(estimates) - measured - scaled} guessed (src/multicard/plan/cost.py).")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -356,7 +335,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_out(out)
     outcome = runner.run(s, out, trace=args.trace, nodes=_nodes(args, nnodes) if nnodes > 1 else None,
                          deadline_unix=args.deadline if args.deadline is not None else _env_deadline(),
-                         shard=_shard(args))
+                         shard=_shard(args), rates=_calibration(args.calibrate, None))
     print(f"next: multicard report {outcome.out}")
     if outcome.left:  # not a failure: the rest needs more time than was left
         print(f"multicard: {outcome.left} trial(s) left for the next run (exit status 3): run the "
@@ -450,6 +429,12 @@ def _writable(directory: Path) -> bool:
             return True
     except OSError:
         return False
+
+
+def cmd_first_evidence(args: argparse.Namespace) -> int:
+    from multicard import first_evidence
+
+    return first_evidence.main(args)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -739,6 +724,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start no trial whose estimate reaches past this time (a job's time limit; "
                         "default $MULTICARD_DEADLINE); the rest is left for the next run (left.json), "
                         "exit status 3")
+    p.add_argument("--calibrate", type=Path, nargs="+", default=[], metavar="RUN",
+                   help="estimate trials (the ETA, --deadline) from rates measured in these runs or "
+                        "calibration files, as `plan --calibrate`; the run's own trials add theirs")
+
+    p = add("first-evidence", cmd_first_evidence, "one GPU, at most 9 minutes: the step profile, "
+            "FP64/FP32/FP16 at 224 px x 5 trials (C1, C2; C3 read), report and verify; "
+            "--dry-run prints the plan")
+    p.add_argument("--out", type=Path,
+                   help="the collection (default artifact/runs/1x<gpu>-first-evidence-<UTC>)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan and whether it fits; start nothing (exit 1 if it does not)")
+    p.add_argument("--budget-s", type=float, help="the seconds it must fit (default 540)")
+    p.add_argument("--calibrate", type=Path, nargs="+", metavar="RUN",
+                   help="runs or calibration files the estimates come from (default: the "
+                        "collections under artifact/runs/ but smoke and bench)")
+    p.add_argument("--experiments", type=Path, default=Path("experiments"),
+                   help="where table2_precision.toml is (default experiments/)")
 
     p = add("list", cmd_list, "the experiments (with their profiles, configs and trials) and the "
             "claims each answers")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -30,28 +31,50 @@ def test_pin_memory_batches_are_pinned_and_copies_are_timed(tree: Path) -> None:
     assert loader.h2d_seconds() > 0
 
 
-def test_no_cuda_event_is_created_or_destroyed_inside_the_timed_epochs(tree: Path) -> None:  # noqa: F811
-    from torch.profiler import ProfilerActivity, profile
-
+def test_no_cuda_event_is_created_or_destroyed_inside_the_timed_epochs(
+        tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    # Counted on the events themselves, not in a torch.profiler trace: Kineto leaves
+    # cudaEventCreate, cudaEventCreateWithFlags and cudaEventDestroy out of its traces (its
+    # CuptiCbidRegistry blocklists them as noise; older versions cudaEventRecord too), so a trace
+    # shows none whatever the harness does. PyTorch creates an event's CUDA event at its first
+    # record() and destroys it with the object: both are seen here.
     from multicard.measure.timing import StepClock
 
+    made, first_recorded, destroyed = [], [], []
+
+    class CountedEvent(torch.cuda.Event):  # type: ignore[misc]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)
+            self.recorded = False
+            made.append(time.perf_counter())
+
+        def record(self, stream: object = None) -> None:
+            if not self.recorded:
+                first_recorded.append(time.perf_counter())
+                self.recorded = True
+            super().record(stream)
+
+        def __del__(self) -> None:
+            destroyed.append(time.perf_counter())
+
+    monkeypatch.setattr(torch.cuda, "Event", CountedEvent)
     loader = LOADERS["torch"](dataclasses.replace(config(tree), device=CUDA0))
     clock = StepClock(loader.steps_per_epoch + 1, lambda: torch.cuda.Event(enable_timing=True))
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for epoch in range(2):
-            clock.start_epoch()
-            for batch in loader.epoch(epoch):
-                clock.mark()
-                loader.to_device(batch)
+    window_start = time.perf_counter()
+    for epoch in range(2):
+        clock.start_epoch()
+        for batch in loader.epoch(epoch):
             clock.mark()
-            torch.cuda.synchronize()
-            assert loader.h2d_seconds() > 0 and len(clock.intervals_s()) == loader.steps_per_epoch
-    names = {e.name for e in prof.events()}
-    events = sorted(n for n in names if n.startswith("cudaEvent"))
-    # the runtime calls are in the trace at all (named with a suffix by some CUDA versions)
-    assert any(n.startswith("cudaEventRecord") for n in events), events or sorted(names)[:40]
-    assert not [n for n in events if n.startswith(("cudaEventCreate", "cudaEventDestroy"))], events
+            loader.to_device(batch)
+        clock.mark()
+        torch.cuda.synchronize()
+        assert loader.h2d_seconds() > 0 and len(clock.intervals_s()) == loader.steps_per_epoch
+    window_end = time.perf_counter()
+    # the pools' events: two per copy and one per step boundary, made and first recorded before
+    assert len(made) == 2 * loader.steps_per_epoch + loader.steps_per_epoch + 1
+    inside = [t for t in made + first_recorded + destroyed if window_start <= t <= window_end]
+    assert inside == [], f"{len(inside)} event(s) made, first recorded or destroyed inside the epochs"
 
 
 def test_unpinned_batches_are_pageable(tree: Path) -> None:  # noqa: F811

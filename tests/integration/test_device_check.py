@@ -1,5 +1,5 @@
-"""benchmarks/device_check.py end to end on CPU: a first call that the budget cuts short, a second
-that finishes it, the checks, a verifiable run."""
+"""benchmarks/device_check.py end to end on CPU: a first call that the budget cuts short after the
+comparison (benchmarks/harness_ab.py), a second that finishes it, the checks, a verifiable run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from multicard import integrity
-from multicard.run import store
 from tests.helpers import ROOT, load_script
 
 pytestmark = pytest.mark.slow
@@ -20,12 +19,12 @@ def test_a_check_the_budget_cuts_short_is_continued_by_a_second_call(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cpu-device-check"
     device_check = load_script(SCRIPT, "device_check")
-    harness = out / "harness" / store.TRIALS_FILE
+    compared = out / "harness" / device_check.HARNESS_FILE
 
     # time as the check sees it: none passes until the comparison has run, then the budget is
     # all spent but one second, however fast or slow this machine ran it
     def clock() -> float:
-        return 999.0 if harness.exists() and len(store.read(harness)) == 3 else 0.0
+        return 999.0 if compared.exists() else 0.0
 
     first = device_check.main(["--device", "cpu", "--budget-s", "1000", "--out", str(out)], clock=clock)
     said = capsys.readouterr().out
@@ -35,33 +34,33 @@ def test_a_check_the_budget_cuts_short_is_continued_by_a_second_call(
     summary = json.loads((out / "device_check.json").read_text())["summary"]
     assert summary["parts_run"] == ["harness"] and set(summary["parts_left"]) == {"precision", "pin_memory"}
     assert integrity.verify(out).ok and not (out / "REPORT.md").exists()  # figures once, at the end
-    loops = sorted((out / "plain_loop").glob("round-*.json"))
-    pids = [json.loads(p.read_text())["pid"] for p in loops]
+    written = json.loads(compared.read_text())
+    assert [p["name"] for p in written["points"]] == ["host-bound", "judged"]
+    assert (written["pairs"], written["control_pairs"], written["bare_pairs"]) == (4, 2, 2)
+    assert (out / "harness" / "harness_ab.log").is_file()
 
-    # the second call: what is left, learned from what ran (a budget any machine meets)
+    # the second call: what is left (a budget any machine meets); the comparison is not run again
     second = device_check.main(["--device", "cpu", "--budget-s", "3000", "--out", str(out)])
     said = capsys.readouterr().out
     assert second == 0, said[-3000:]
-    assert "learned from 3 trial(s) run" in said and "harness: 0 of 3 trials left + 0 plain-loop" in said
-    assert [json.loads(p.read_text())["pid"] for p in loops] == pids  # not run again
-    assert len(store.read(harness)) == 3
+    assert "harness: done (harness/harness_ab.json), estimated 0s" in said
+    assert json.loads(compared.read_text())["pid"] == written["pid"]
     summary = json.loads((out / "device_check.json").read_text())["summary"]
     assert summary["parts_run"] == ["harness", "precision", "pin_memory"] and summary["parts_left"] == {}
-    assert summary["trials"] == summary["ok"] == 10
+    assert summary["trials"] == summary["ok"] == 7
     assert summary["tf32_flags_as_set"] is True and summary["step_clock_within_tolerance"] is True
-    # like for like: 3 harness trials against 3 plain loops in a one-rank DDP, and DDP's own cost
-    compared = summary["multicard / plain loop"]
-    assert compared["n"] == [3, 3] and compared["ci_lo"] < compared["ratio"] < compared["ci_hi"]
-    assert summary["plain loop / bare loop"]["n"] == [3, 3]
-    # reported, not judged on CPU (the cores' other load moves the loops' speed)
-    assert summary["windows_long_enough"] is None and summary["shortest_window_s"] > 0
-    steps = json.loads(loops[0].read_text())["steps"]
-    assert all(json.loads(p.read_text())["steps"] == steps for p in loops)
-    assert {r["config"]["precision"] for r in store.read(harness)} == {"bf16"}
+    # like for like, paired: the host-bound point's ratio with its interval, DDP's bookkeeping
+    ratio = summary["harness / plain loop"]
+    assert ratio["pairs"] == 4 and ratio["ci_lo"] <= ratio["ratio"] <= ratio["ci_hi"]
+    assert summary["plain loop / bare loop"]["pairs"] == 2
+    assert summary["harness_costs_too_much"] is None  # reported, not judged on CPU
+    assert summary["harness_failed"] is None and summary["shortest_block_s"] > 0
+    assert summary["harness_lines"] == written["lines"] and len(written["lines"]) == 3
     # on CPU there is no GPU energy: every precision says so, none is 0
     assert summary["energy_per_sample_j"] == dict.fromkeys(
         ("fp64", "fp32", "tf32", "fp16", "bf16"), "not measured: rank 0: CPU run: no GPU")
-    assert "## Device check" in (out / "REPORT.md").read_text()
+    report = (out / "REPORT.md").read_text()
+    assert "## Device check" in report and written["lines"][0] in report
     assert (out / "env.json").is_file()
     assert len(list(out.glob("env-resume-*.json"))) == 1  # the second call's, beside the first
     assert integrity.verify(out).ok

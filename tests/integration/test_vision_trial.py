@@ -69,7 +69,8 @@ NOT_MEASURED_ON_CPU = ("h2d_time_s", "gpu_util_mean", "nvml_process_mem_bytes", 
                        "energy_per_sample_j", "mean_power_w", "stray_contexts",
                        "dali_threads_cpu_s", "dali_threads_cores_mean", "local_page_fraction",
                        "cpus_on_gpu_node_fraction", "far_dram_count", "near_dram_count",
-                       "far_dram_fraction")
+                       "far_dram_fraction", "gpu_busy_fraction", "probe_busy_s_per_step",
+                       "probe_kernels_per_step", "probe_aten_ops_per_step")
 
 
 def test_every_metric_is_measured_or_null_with_a_reason(finished_run: Path) -> None:
@@ -84,6 +85,10 @@ def test_every_metric_is_measured_or_null_with_a_reason(finished_run: Path) -> N
     assert all(v is None or k not in why for k, v in m.items())  # a reason only for a null
     assert set(why) <= {k for k, v in m.items() if v is None}
     assert why["energy_j"] == "rank 0: CPU run: no GPU"
+    # no GPU, no kernels: the trial has no operating point, and its record says why
+    assert why["gpu_busy_fraction"] == "CPU run: there are no GPU kernels"
+    assert record["bound"] == {"label": None, "gpu_busy_fraction": None, "threshold": 0.8,
+                               "reason": "CPU run: there are no GPU kernels"}
     result = json.loads((finished_run / f"raw/{record['config_id']}-t0-a0/result.json").read_text())
     for rank in result["ranks"]:
         assert rank["affinity"]["rank"] == sorted(os.sched_getaffinity(0))

@@ -41,7 +41,7 @@ def test_evaluate_fits_6_hours_on_4_gpus_and_can_decide_c5_to_c19() -> None:
     assert {f"C{i}" for i in range(5, 20)} <= decided, sorted(decided)
 
 
-def test_kick_the_tires_fits_35_minutes_on_one_gpu_by_the_cost_model() -> None:
+def test_kick_the_tires_fits_50_minutes_on_one_gpu_by_the_cost_model() -> None:
     seconds = 0.0
     for experiment, profile in NOXFILE.KICK_RUNS:
         s = spec.load(EXPERIMENTS / f"{experiment}.toml", profile)
@@ -49,7 +49,7 @@ def test_kick_the_tires_fits_35_minutes_on_one_gpu_by_the_cost_model() -> None:
         assert s.fixed["device"] == "cuda" and {p.params["gpus"] for p in planned} == {1}
         assert s.trials >= s.min_ok == 5  # every config can reach a verdict
         seconds += sum(cost.trial_seconds(s.workload, p.params) for p in planned)
-    assert seconds < 34 * 60  # a minute left for preparing Scenario B and the report
+    assert seconds < 49 * 60  # a minute left for preparing Scenario B and the report
 
 
 def reproduce(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,6 @@
 """benchmarks/plain_loop.py's parts on CPU: the steps a window asks for, spread over epochs as the
-harness's loader would take them, and timm's model as a second opinion that cannot sink the rest."""
+harness's loader would take them, timm's model as a second opinion that cannot sink the rest, and
+the model wrapped as a one-rank harness trial wraps it."""
 
 from __future__ import annotations
 
@@ -41,3 +42,19 @@ def test_timm_failing_is_said_and_the_other_loops_still_count(
     assert found["why"] == "timm failed: RuntimeError: no kernel image is available"
     with pytest.raises(RuntimeError):  # the reference itself failing fails the process
         plain_loop.run_timed("ddp", settings(tmp_path), torch.device("cpu"))
+
+
+def test_the_ddp_loop_wraps_the_model_as_a_one_rank_harness_trial_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, int, int | None]] = []
+
+    def wrap(model: torch.nn.Module, single_rank: str, world: int, device_id: int | None) -> torch.nn.Module:
+        seen.append((single_rank, world, device_id))
+        return model  # no process group here: the wrapping asked for is what is tested
+
+    monkeypatch.setattr(plain_loop.vision, "wrap", wrap)
+    found = plain_loop.run_loop("ddp", settings(tmp_path, "--single-rank-ddp", "default", "--epochs", "1",
+                                                "--max-steps", "1"), torch.device("cpu"))
+    assert seen == [("default", 1, None)] and found["steps"] == 1
+    plain_loop.run_loop("bare", settings(tmp_path, "--epochs", "1", "--max-steps", "1"), torch.device("cpu"))
+    assert len(seen) == 1  # the bare loop is never wrapped

@@ -52,6 +52,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import statistics
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -62,7 +63,7 @@ import numpy as np
 import pandas as pd
 
 from multicard.errors import InputError
-from multicard.judge import stats, summarize
+from multicard.judge import operating_point, stats, summarize
 from multicard.plan import spec as specmod
 from multicard.plan.params import WORKLOAD_METRICS, WORKLOAD_PARAMS
 from multicard.plan.spec import Spec, level_rank
@@ -122,6 +123,9 @@ class Claim:
     fallback_metric: str = ""
     fallback_label: str = ""
     metric_label: str = ""  # what a verdict on `metric` itself says (E2, E3: "GPU + CPU packages")
+    # a not_worse claim about converged training: below this mean of its `against` arm the
+    # verdict says the trials stopped short of convergence (C3: the paper's 98 % target)
+    converged_at: float | None = None
     parts: tuple[Claim, ...] = ()
     # the paper's value per group where it gives one: from the experiment's [[reference]] entries
     # (paper_values), in the claim's quantity (a loss in the metric's units for not_worse)
@@ -587,6 +591,7 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
                 notes.append(f"{label}: energy read as {' / '.join(readings)}")
             elif a and b:
                 groups.append(replace(_group(claim, label, a, b, minimum), **paper))
+                notes += _reading_notes(claim, label, group, a)
             elif outcome := _resource_outcome(claim, run, where, traced, (a, b)):
                 left_out.append(f"{label} left out: {outcome}")
                 continue
@@ -622,6 +627,27 @@ def _group(claim: Claim, label: str, a: list[float], b: list[float], minimum: in
     ratio = stats.ratio_of_means(a, b, cross_check=False)
     decision = _decide(claim, ratio) if min(len(a), len(b)) >= minimum else "too few"
     return replace(_evidence(claim, label, ratio), n=(len(a), len(b)), decision=decision)
+
+
+def _reading_notes(claim: Claim, label: str, group: pd.DataFrame, against: list[float]) -> list[str]:
+    """What a reader must know beside a group's verdict: that the trials were host-bound (a
+    speed claim then measures the host more than the GPU; judge.operating_point), or stopped
+    short of convergence (an accuracy claim about converged training)."""
+    notes = []
+    if claim.metric != "test_accuracy" and "gpu_busy_fraction" in group:
+        for arm in (claim.against, claim.compare):
+            shares = _values(group, arm, "gpu_busy_fraction")
+            if shares and min(shares) < operating_point.GPU_BOUND_AT:
+                name = ", ".join(f"{k}={v}" for k, v in arm.items())
+                notes.append(f"{label}: judged on host-bound trials ({name}: the GPU computed "
+                             f"{min(shares):.0%}-{max(shares):.0%} of a step, below "
+                             f"{operating_point.GPU_BOUND_AT:.0%}): the ratio says more of the host "
+                             "than of the GPU")
+    if claim.converged_at is not None and against and statistics.fmean(against) < claim.converged_at:
+        notes.append(f"{label}: not at convergence (the baseline's mean {statistics.fmean(against):.1%} "
+                     f"is below the {claim.converged_at:.0%} the claim is about): read, not decisive "
+                     "of converged training")
+    return notes
 
 
 def _arm_attempts(claim: Claim, run: Results, group: Mapping[str, Any], arm: Mapping[str, Any],

@@ -17,6 +17,11 @@ standard deviation (ddof=1), a 95% confidence interval of the mean, median, min 
 - the mean of a proportion (an accuracy, a fraction of time) gets a logit-scale interval that
   stays inside (0, 1), where Cox's would reach past 1 (7 % +- 3 reads [0.2 %, 300 %] at n = 2).
 
+Blocks timed in one process are not independent trials: a GPU's clocks and the host's load drift
+from block to block. Two arms measured that way are run in an A-B-B-A order (`abba_order`), whose
+pairs cancel a linear drift where an A-B order would keep it as a bias, and compared pair by pair
+(`paired_log_ratio`: the mean of log(a_i / b_i), Student's t over the pairs, exponentiated).
+
 Outliers are flagged by the modified z-score (Iglewicz & Hoaglin), with a spread of 0.1 % of the
 median standing in when the MAD is 0; never dropped. Instability is flagged as hyperfine,
 pyperf and torch.utils.benchmark do: a wide interquartile range, a maximum far above the median,
@@ -66,9 +71,11 @@ class Summary:
 class Ratio:
     """baseline over other: > 1 means `other` is faster when the metric is a time.
 
-    `method` names the interval ("welch-log", "fieller", or "" when it is undefined). The point
-    is of the interval's estimand: the ratio of geometric means under "welch-log", the ratio of
-    arithmetic means under "fieller" and where no interval is defined;
+    `method` names the interval ("welch-log", "fieller", "paired-log", or "" when it is
+    undefined). The point is of the interval's estimand: the ratio of geometric means under
+    "welch-log", the geometric mean of the pairs' ratios under "paired-log" (n_baseline and
+    n_other are then both the number of pairs), the ratio of arithmetic means under "fieller" and
+    where no interval is defined;
     `boot_lo`/`boot_hi` are the percentile bootstrap's, a cross-check only."""
 
     value: float
@@ -301,6 +308,59 @@ def pooled_log_ratio(pairs: Sequence[tuple[ArrayLike, ArrayLike]],
     if k == 0:
         return Difference(NAN, NAN, NAN)
     return log_contrast([x for pair in pairs for x in pair], [1 / k, -1 / k] * k, confidence)
+
+
+def abba_order(pairs: int) -> list[str]:
+    """The order of `pairs` pairs of blocks of two arms "A" and "B": A B B A A B B A ... (2 x pairs
+    blocks; an odd count ends A B). Pair k is the k-th A with the k-th B; within each A-B-B-A
+    quartet the A goes first in one pair and last in the other, so a drift that is linear over
+    the quartet adds +d to one pair's log ratio and -d to the other's, and their mean keeps none
+    of it (an A-B order adds -d to every pair)."""
+    if pairs < 0:
+        raise ValueError(f"pairs must be >= 0, got {pairs}")
+    quartet = ["A", "B", "B", "A"]
+    return [quartet[i % 4] for i in range(2 * pairs)]
+
+
+def paired_blocks(order: Sequence[str], values: Sequence[float]) -> tuple[list[float], list[float]]:
+    """(a, b): the values of the "A" blocks and of the "B" blocks, each in the order they ran, so
+    that a[k] and b[k] are pair k (the k-th A with the k-th B, as abba_order pairs them)."""
+    if len(order) != len(values):
+        raise ValueError(f"{len(order)} blocks in the order, {len(values)} values")
+    a = [v for arm, v in zip(order, values, strict=True) if arm == "A"]
+    b = [v for arm, v in zip(order, values, strict=True) if arm == "B"]
+    if len(a) != len(b) or len(a) + len(b) != len(order):
+        raise ValueError(f"expected as many A blocks as B blocks and no other arm, got {list(order)}")
+    return a, b
+
+
+def paired_log_ratio(a: ArrayLike, b: ArrayLike, confidence: float | None = None) -> Ratio:
+    """a over b, pair by pair: exp(mean of log(a_i / b_i)) with Student's t interval over the
+    pairs (n - 1 degrees of freedom), exponentiated. What the pairs share (the clocks and the
+    load of their moment) leaves their ratio; only what changes within a pair is noise. NaN where
+    a value is not positive; the interval NaN with fewer than two pairs, the point twice where
+    every pair's ratio is the same."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"paired samples must have one value each per pair, got {x.shape} and {y.shape}")
+    n = len(x)
+    if n == 0 or not (np.all(x > 0) and np.all(y > 0)):
+        return Ratio(NAN, NAN, NAN, n, n, "paired-log")
+    logs = np.log(x) - np.log(y)
+    centre = float(logs.mean())
+    if n < 2:
+        return Ratio(math.exp(centre), NAN, NAN, n, n, "paired-log")
+    half = _t(confidence, n - 1) * float(logs.std(ddof=1)) / math.sqrt(n)
+    return Ratio(math.exp(centre), math.exp(centre - half), math.exp(centre + half), n, n, "paired-log")
+
+
+def relative_half_width(ratio: Ratio) -> float:
+    """How far the interval reaches from its point, as a share of it, on the wider side:
+    max(hi / value - 1, 1 - lo / value) (for a log-symmetric interval exp(half) - 1). "Within
+    +-2 %" means this is at most 0.02. NaN where the interval is undefined."""
+    if not (ratio.value > 0) or math.isnan(ratio.ci_lo) or math.isnan(ratio.ci_hi):
+        return NAN
+    return max(ratio.ci_hi / ratio.value - 1.0, 1.0 - ratio.ci_lo / ratio.value)
 
 
 def level() -> float:

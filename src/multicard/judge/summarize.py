@@ -7,15 +7,15 @@ epoch) enters the per-config statistics as its per-trial mean.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from multicard.judge import ladder, stats
-from multicard.measure import numa
+from multicard.judge import ladder, operating_point, stats
+from multicard.measure import energy, numa
 from multicard.plan import cost
 from multicard.plan import spec as specmod
 from multicard.plan.params import PROPORTION_METRICS
@@ -26,6 +26,43 @@ from multicard.profiling import parse
 HIGHER_IS_BETTER = frozenset({"throughput_samples_s", "test_accuracy", "gpu_util_mean",
                               "tokens_per_s_per_gpu"})
 SUMMARY_FIELDS = ("n", "mean", "std", "ci_lo", "ci_hi", "median", "min", "max", "outliers")
+# A config's energy is shown from this many ok trials that measured it: one reading has no
+# interval, two an interval on one degree of freedom (t = 12.7, against 4.3 at n = 3).
+MIN_ENERGY_TRIALS = 3
+ENERGY_METRICS = frozenset({*energy.ENERGY_METRICS, "energy_per_token_j"})  # the last: LLM trials'
+
+
+def energy_gate(n: int) -> str | None:
+    """Why a statistic of `n` energy readings is not shown; None from MIN_ENERGY_TRIALS on."""
+    if n >= MIN_ENERGY_TRIALS:
+        return None
+    return "no trial measured it" if n == 0 else f"n < {MIN_ENERGY_TRIALS} (n = {n})"
+
+
+def gated_energy(values: Sequence[float | None]) -> tuple[stats.Summary | None, str | None]:
+    """One group's energy readings (None: a trial that did not measure it) as a summary with
+    its 95 % interval, or None and why (energy_gate)."""
+    measured = [v for v in values if v is not None and not math.isnan(v)]
+    why = energy_gate(len(measured))
+    return (None, why) if why else (stats.summarize(measured), None)
+
+
+def energy_by_group(values: Mapping[str, Sequence[float | None]]
+                    ) -> dict[str, tuple[stats.Summary | None, str | None]]:
+    """Per group (a precision, a config) of per-trial energy readings: gated_energy."""
+    return {group: gated_energy(found) for group, found in values.items()}
+
+
+def withheld(metric: str, summary: stats.Summary) -> tuple[stats.Summary, str | None]:
+    """A config's summary of `metric` as the tables show it: an energy metric that 1 or 2 ok
+    trials measured keeps its n and loses every other number, with why (none measured it:
+    left as it is, the tables say "not measured")."""
+    why = energy_gate(summary.n) if metric in ENERGY_METRICS and summary.n else None
+    if why is None:
+        return summary, None
+    nan = stats.NAN
+    return replace(summary, mean=nan, std=nan, ci_lo=nan, ci_hi=nan, median=nan, min=nan, max=nan,
+                   outliers=0), why
 
 
 def scalar(value: Any) -> float:
@@ -63,8 +100,9 @@ def trial_table(spec: Spec, records: Iterable[dict[str, Any]]) -> pd.DataFrame:
         row |= {"config_id": record["config_id"], "trial": record["trial"]}
         row |= {m: scalar(record["metrics"].get(m)) for m in spec.metrics}
         row[WHOLE] = whole_throughput(record)
+        row[OPERATING_POINT] = (record.get("bound") or {}).get("label")
         rows[(record["config_id"], record["trial"])] = row
-    columns = [*factors, "config_id", "trial", *spec.metrics, WHOLE]
+    columns = [*factors, "config_id", "trial", *spec.metrics, WHOLE, OPERATING_POINT]
     return pd.DataFrame(list(rows.values()), columns=columns)
 
 
@@ -105,6 +143,7 @@ def energy_sources(records: Iterable[dict[str, Any]]) -> dict[str, int]:
 
 
 WHOLE = "throughput_whole_samples_s"  # FlagPerf's p_whole: start-up and evaluation included
+OPERATING_POINT = "operating_point"  # GPU-bound / host-bound / mixed (judge.operating_point)
 
 
 def whole_throughput(record: dict[str, Any]) -> float:
@@ -182,10 +221,14 @@ def config_table(spec: Spec, trials: pd.DataFrame, failed: pd.DataFrame) -> pd.D
         mine = trials[trials["config_id"] == cid]
         row: dict[str, Any] = {**config, "config_id": cid}
         for metric in spec.metrics:
-            summary = stats.summarize(mine[metric].dropna().tolist(), metric in PROPORTION_METRICS)
+            summary, why = withheld(metric, stats.summarize(mine[metric].dropna().tolist(),
+                                                            metric in PROPORTION_METRICS))
             row |= {f"{metric}.{f}": getattr(summary, f) for f in SUMMARY_FIELDS}
+            if metric in ENERGY_METRICS:
+                row[f"{metric}.withheld"] = why
         row |= _speedup(spec, trials, config, mine)
         row |= bound(spec, trials, config, mine)
+        row[OPERATING_POINT] = operating_point.combined(mine.get(OPERATING_POINT, pd.Series()))
         ordered = mine.sort_values("trial")[spec.primary].dropna().tolist() if len(mine) else []
         steadiness = stats.stability(ordered)
         row |= {"stability.iqr": steadiness.iqr_over_median, "stability.max": steadiness.max_over_median,

@@ -1,13 +1,12 @@
 """Energy of a timed region, from the counters the hardware keeps: pure arithmetic here, the
 reading of NVML and Linux powercap (RAPL) at the end.
 
-- GPU: NVML's total-energy counter (millijoules since the driver loaded, Volta and newer). It
-  updates every 20-100 ms, which reads a 1 s window about 4 % low, so a window under
-  MIN_COUNTER_WINDOW_S is not read from it: such a window falls back to instantaneous power
-  samples integrated over it (trapezoids), and says so. On Ampere and newer NVML's plain power
-  reading is a 1-second average, which would smear a short window: the samples are the field
-  NVML_FI_DEV_POWER_INSTANT where the driver has it, the plain reading only on older GPUs (where
-  it is instantaneous), and none otherwise (the window's energy is then null, with why).
+- GPU: NVML's total-energy counter (millijoules since the driver loaded, Volta and newer), read at
+  the start and the end of the window, and nothing else. It updates every 20-100 ms, which reads a
+  1 s window about 4 % low, so a window under MIN_COUNTER_WINDOW_S has no GPU energy: it is None,
+  with a reason naming the window's length and the 5 s the counter needs (short_window). Power
+  samples integrated over a short window are not used: they would be a second way of reading
+  energy, with errors of their own, that a comparison could not tell from the first.
 - CPU: the package domains of /sys/class/powercap (intel-rapl:N, on AMD too), microjoules, each
   counter wrapping at its max_energy_range_uj.
 
@@ -17,7 +16,6 @@ named (GPUs of the trial, CPU packages), not the wall socket.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +27,6 @@ from multicard.measure import nvml
 
 SERIES_FILE = "energy_series.json"  # a trial's GPU counters sampled from outside (telemetry)
 MIN_COUNTER_WINDOW_S = 5.0  # NVML's energy counter (under 1 % low here); RAPL's updates every ms
-MAX_POWER_GAP_S = 0.5  # power samples further apart do not describe the window between them
 RAPL_MIN_WINDOW_S = 0.01
 POWERCAP = Path("/sys/class/powercap")
 
@@ -47,7 +44,7 @@ class Energy:
     """Joules over a window and how they were found, or None and why not."""
 
     joules: float | None
-    source: str | None  # "counter" or "integrated power"
+    source: str | None  # "counter"
     reason: str | None = None
 
 
@@ -61,48 +58,24 @@ def counter_delta(start: int, end: int, wraps_at: int | None) -> int | None:
     return wraps_at - start + end
 
 
-def integrate_power(samples: Sequence[tuple[float, float]], start: float | None = None,
-                    end: float | None = None) -> float:
-    """Joules from (seconds, watts) samples in time order, by trapezoids; with a window, the
-    first and the last sample's power held out to its edges (the samples start a period late
-    and end up to a period early)."""
-    if start is not None and samples and start < samples[0][0]:
-        samples = [(start, samples[0][1]), *samples]
-    if end is not None and samples and end > samples[-1][0]:
-        samples = [*samples, (end, samples[-1][1])]
-    from scipy.integrate import trapezoid  # numpy's name differs between 1.26 (NGC) and 2.x
-
-    return float(trapezoid([w for _, w in samples], [t for t, _ in samples]))
+def short_window(seconds: float, min_window_s: float = MIN_COUNTER_WINDOW_S) -> str:
+    """Why a window has no counter energy: one line, the same wherever a window is read (a vision
+    rank's meter, an LLM trial's sampled series, the idle reading)."""
+    return f"a {seconds:.3f} s window is shorter than the {min_window_s:g} s the energy counter needs"
 
 
 def window_energy(start: Reading, end: Reading, joules_per_unit: float, wraps_at: int | None,
-                  power_samples: Sequence[tuple[float, float]] = (),
-                  min_window_s: float | None = None) -> Energy:
-    """One device's energy between two counter reads, or from its power samples when the window
-    is shorter than the counter resolves (`min_window_s`, NVML's by default) or the counter went
-    back without a known range."""
-    min_window_s = MIN_COUNTER_WINDOW_S if min_window_s is None else min_window_s
+                  min_window_s: float = MIN_COUNTER_WINDOW_S) -> Energy:
+    """One device's energy between two counter reads; None and why for a window shorter than
+    the counter resolves (`min_window_s`, NVML's by default) or a counter that went back
+    without a known range."""
     seconds = end.t_s - start.t_s
+    if seconds < min_window_s:
+        return Energy(None, None, short_window(seconds, min_window_s))
     delta = counter_delta(start.value, end.value, wraps_at)
-    if seconds >= min_window_s and delta is not None:
-        return Energy(delta * joules_per_unit, "counter")
-    why = (f"a {seconds:.3f} s window is shorter than the counter resolves ({min_window_s:g} s)"
-           if seconds < min_window_s else "the counter went back and its range is unknown")
-    return power_energy(power_samples, start.t_s, end.t_s, why)
-
-
-def power_energy(samples: Sequence[tuple[float, float]], start: float, end: float, why: str | None) -> Energy:
-    """A window's energy from (seconds, watts) samples, only where they cover it: at least two
-    inside, and no stretch (edges included) longer than MAX_POWER_GAP_S without one."""
-    inside = [x for x in samples if start <= x[0] <= end]
-    lead = f"{why}, and " if why else ""
-    if len(inside) < 2:
-        return Energy(None, None, f"{lead}fewer than 2 power samples were taken")
-    times = [start, *(t for t, _ in inside), end]
-    gap = max(b - a for a, b in itertools.pairwise(times))
-    if gap > MAX_POWER_GAP_S:
-        return Energy(None, None, f"{lead}the power samples leave a {gap:.1f} s gap")
-    return Energy(integrate_power(inside, start, end), "integrated power", why)
+    if delta is None:
+        return Energy(None, None, "the counter went back and its range is unknown")
+    return Energy(delta * joules_per_unit, "counter")
 
 
 def total(parts: Sequence[tuple[str, Energy]]) -> Energy:
@@ -114,9 +87,7 @@ def total(parts: Sequence[tuple[str, Energy]]) -> Energy:
         if part.joules is None:
             return Energy(None, None, f"{name}: {part.reason}")
     sources = sorted({str(part.source) for _, part in parts})
-    reasons = sorted({str(part.reason) for _, part in parts if part.reason})
-    return Energy(sum(float(part.joules or 0.0) for _, part in parts), " + ".join(sources),
-                  "; ".join(reasons) or None)
+    return Energy(sum(float(part.joules or 0.0) for _, part in parts), " + ".join(sources))
 
 
 def per_unit(joules: float | None, count: float) -> float | None:
@@ -183,57 +154,18 @@ def cpu_window_energy(domains: Sequence[RaplDomain], start: Sequence[Reading],
 
 # --- live meters (context managers, entered with the rank's other samplers) ------------------
 
-AMPERE = 7  # NVML_DEVICE_ARCH_AMPERE: from it on, nvmlDeviceGetPowerUsage is a 1 s average
-
-
-def instant_power_reader(nvml: Any, handle: Any) -> tuple[Callable[[], float] | None, str | None]:
-    """A function reading the GPU's instantaneous power in watts, or None and why: the field
-    NVML_FI_DEV_POWER_INSTANT where the driver has it; before Ampere the plain power reading,
-    which is instantaneous there; on Ampere and newer without the field, none (the plain
-    reading's 1-second average would smear a window shorter than the counter resolves)."""
-    field = getattr(nvml, "NVML_FI_DEV_POWER_INSTANT", None)
-    if field is not None:
-        def instant() -> float:
-            [value] = nvml.nvmlDeviceGetFieldValues(handle, [field])
-            if value.nvmlReturn != 0:
-                raise RuntimeError(f"NVML_FI_DEV_POWER_INSTANT: return code {value.nvmlReturn}")
-            return float(value.value.uiVal) / 1000.0
-
-        try:
-            instant()
-            return instant, None
-        except Exception as exc:  # an older driver: the field is not supported
-            field_error = str(exc)
-    else:
-        field_error = "this nvidia-ml-py has no NVML_FI_DEV_POWER_INSTANT"
-    try:
-        architecture = int(nvml.nvmlDeviceGetArchitecture(handle))
-    except Exception as exc:
-        return None, f"no instantaneous power ({field_error}; the architecture is unknown: {exc})"
-    if architecture < AMPERE:
-        return (lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0), None
-    return None, (f"no instantaneous power ({field_error}); the plain reading is a 1-second "
-                  "average on this GPU")
-
 class GpuEnergyMeter:
-    """One GPU's energy over the `with` block: NVML's counter read on entry and exit, its power
-    sampled every `period_s` between (the fallback for a window the counter cannot resolve).
-    `uuid=None` (a CPU run) measures nothing and says so."""
+    """One GPU's energy over the `with` block: NVML's counter read on entry (again at
+    `mark_start`) and on exit. `uuid=None` (a CPU run) measures nothing and says so. `clock`:
+    monotonic seconds (tests pass their own)."""
 
-    def __init__(self, uuid: str | None, period_s: float = 0.05) -> None:
-        self.uuid, self.period_s = uuid, period_s
-        self.power: list[tuple[float, float]] = []
-        self.power_error: str | None = None
+    def __init__(self, uuid: str | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.uuid, self.clock = uuid, clock
         self.reason: str | None = "CPU run: no GPU" if uuid is None else None
         self._start: Reading | None = None
         self._end: Reading | None = None
-        self._window: list[float] = []  # monotonic start and end of the measured window
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
         self._nvml: Any = None
         self._handle: Any = None
-        self._power: Callable[[], float] | None = None  # instantaneous watts (instant_power_reader)
 
     def __enter__(self) -> GpuEnergyMeter:
         if self.uuid is None:
@@ -247,77 +179,29 @@ class GpuEnergyMeter:
             self.reason = f"NVML unavailable: {exc}"
             return self
         self.mark_start()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
         return self
 
     def mark_start(self) -> None:
         """The measured window starts now (after the ranks' barrier: the timed region)."""
-        if self._nvml is None:
-            return
-        self._start = self._read()
-        self._window = [time.monotonic()]
-        self.power = []
-        self._sample_once()
-        self._wake.set()
+        if self._nvml is not None:
+            self._start = self._read()
 
     def _read(self) -> Reading | None:
         try:
             millijoules = self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
-            return Reading(time.monotonic(), int(millijoules))
+            return Reading(self.clock(), int(millijoules))
         except Exception as exc:  # before Volta: NVMLError_NotSupported
             self.reason = f"NVML's energy counter: {exc}"
             return None
 
-    def _sample_once(self) -> bool:
-        if self._power is None:
-            self._power, self.power_error = instant_power_reader(self._nvml, self._handle)
-        try:
-            watts = self._power() if self._power is not None else None
-        except Exception as exc:
-            self.power_error = f"NVML power: {exc}"
-            watts = None
-        if watts is None:
-            return False
-        self.power.append((time.monotonic(), watts))
-        return True
-
-    def _sample(self) -> None:
-        # with the counter read at the start, power samples matter only to a window the counter
-        # cannot resolve: after twice that the thread sleeps (until a new start or the exit), so
-        # a training of hours neither wakes it 20 times a second nor keeps its samples
-        while not self._stop.is_set():
-            if self._start is not None and time.monotonic() > self._window[0] + 2 * MIN_COUNTER_WINDOW_S:
-                self._wake.wait()
-                self._wake.clear()
-                continue
-            if not self._sample_once():
-                return
-            self._stop.wait(self.period_s)
-
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-        if self._window:
-            self._end = self._read() if self._start is not None else None
-            self._sample_once()
-            self._window.append(time.monotonic())
+        if self._start is not None and self._end is None:
+            self._end = self._read()
 
     def energy(self) -> Energy:
         if self._start is not None and self._end is not None:
-            found = window_energy(self._start, self._end, 1e-3, None, self.power)
-            if found.joules is None and self.power_error:
-                return Energy(None, None, f"{found.reason}; {self.power_error}")
-            return found
-        if len(self._window) < 2:
-            return Energy(None, None, self.reason or "no reading was taken")
-        why = self.reason or "the counter's closing read failed"
-        found = power_energy(self.power, self._window[0], self._window[1], why)
-        if found.joules is None and self.power_error:
-            return Energy(None, None, f"{found.reason}; {self.power_error}")
-        return found
+            return window_energy(self._start, self._end, 1e-3, None)
+        return Energy(None, None, self.reason or "no reading was taken")
 
 
 class CpuEnergyMeter:
@@ -433,8 +317,7 @@ def trial_metrics(ranks: Sequence[dict[str, Any]], samples: float, seconds: floa
 
 
 def trial_sources(ranks: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """How each measured energy metric of a trial was read: NVML's counter, power samples
-    integrated (a window under MIN_COUNTER_WINDOW_S), or both across ranks; RAPL's counter."""
+    """How each measured energy metric of a trial was read: NVML's counter, RAPL's counter."""
     gpu = total([(str(i), Energy(r.get("gpu_energy_j"), r.get("gpu_energy_source")))
                  for i, r in enumerate(ranks)])
     cpu = [r for r in ranks if r.get("measures_cpu")]
@@ -460,8 +343,7 @@ def energy_between(series: Sequence[tuple[float, int]], start: float, end: float
                    joules_per_unit: float = 1e-3) -> Energy:
     """Energy of a (wall seconds, summed counter) series between two wall times."""
     if end - start < MIN_COUNTER_WINDOW_S:
-        return Energy(None, None, f"a {end - start:.3f} s window is shorter than the counter "
-                      f"resolves ({MIN_COUNTER_WINDOW_S:g} s)")
+        return Energy(None, None, short_window(end - start))
     a, b = counter_at(series, start), counter_at(series, end)
     if a is None or b is None:
         return Energy(None, None, "the counter was not sampled over the whole window")

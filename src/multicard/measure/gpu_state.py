@@ -9,16 +9,28 @@ held the clocks below what was asked. Read into env.json when a run starts and i
 throttle during the trials does not show in them; the counters' difference does
 (`held_down_s`): the seconds each constraint held the clocks down between the two reads. A value
 NVML cannot give is None, with why, never a made-up default.
+
+And each trial GPU's idle power, read once before a run's first trial (env.json's
+`gpu_idle_power`): NVML's energy counter over IDLE_WINDOW_S, by the same rule as a trial's energy
+(energy.window_energy), so that a reader can take the idle draw out of a trial's energy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-from multicard.measure import nvml
+from multicard.measure import devices, energy, nvml
 
 END_FILE = "gpu-state-end.json"
+IDLE_KEY = "gpu_idle_power"  # env.json's key
+# the shortest window NVML's counter resolves (energy.MIN_COUNTER_WINDOW_S): a run waits this
+# once, for all its GPUs together, before its first trial
+IDLE_WINDOW_S = energy.MIN_COUNTER_WINDOW_S
+IDLE_HOW = "NVML's total-energy counter, read before and after the window, before the run's first trial"
 
 # the throttle (clock event) reasons NVML reports as bits, by the names nvidia-smi prints
 THROTTLE_REASONS = {
@@ -129,5 +141,79 @@ def every_gpu() -> tuple[list[dict[str, Any]], str | None]:
             found.append({"index": index, "uuid": uuid.decode() if isinstance(uuid, bytes) else str(uuid),
                           "state": read(pynvml, handle)})
         return found, None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+# --- idle power: what a trial GPU draws with nothing running on it ------------------------------
+
+@dataclass(frozen=True)
+class Look:
+    """One GPU at one end of the idle window: its counter (or why not) and the PIDs NVML lists
+    on it (None where it cannot list them)."""
+
+    reading: energy.Reading | None
+    why: str | None
+    pids: list[int] | None
+
+
+def look(nvml: Any, handle: Any, clock: Callable[[], float]) -> Look:
+    try:
+        pids: list[int] | None = sorted(int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+    except Exception:  # NVML_ERROR_NOT_SUPPORTED (an old driver)
+        pids = None
+    try:
+        millijoules = int(nvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+        return Look(energy.Reading(clock(), millijoules), None, pids)
+    except Exception as exc:  # before Volta, a MIG instance: NVML_ERROR_NOT_SUPPORTED
+        return Look(None, f"NVML's energy counter: {exc}", pids)
+
+
+def idle_entry(index: int, uuid: str | None, first: Look, last: Look) -> dict[str, Any]:
+    """One GPU's idle power from the two ends of its window: watts = joules / seconds, or None
+    with why where the window is short of the counter's 5 s (energy.window_energy), a read
+    failed, or a compute process was on the GPU at either end (it was not idle). `processes`:
+    the PIDs seen; None where NVML cannot list them (the reading is then kept, unchecked)."""
+    seen = None if first.pids is None or last.pids is None else sorted({*first.pids, *last.pids})
+    seconds = last.reading.t_s - first.reading.t_s if first.reading and last.reading else None
+    if first.reading is None or last.reading is None:
+        found = energy.Energy(None, None, first.why or last.why)
+    else:
+        found = energy.window_energy(first.reading, last.reading, 1e-3, None)
+    why = f"not idle: process(es) {', '.join(map(str, seen))} on the GPU" if seen else found.reason
+    return {"index": index, "uuid": uuid, "window_s": seconds, "processes": seen,
+            "watts": None if why else energy.mean_power(found.joules, seconds or 0.0), "reason": why}
+
+
+def read_idle_power(nvml: Any, gpus: Sequence[tuple[int, str | None, Any]],
+                    window_s: float = IDLE_WINDOW_S, clock: Callable[[], float] = time.monotonic,
+                    sleep: Callable[[float], None] = time.sleep) -> list[dict[str, Any]]:
+    """Each GPU's (index, uuid, NVML handle) idle power (idle_entry), all in one window: every
+    GPU looked at, `window_s` waited, every GPU looked at again."""
+    first = [look(nvml, handle, clock) for _, _, handle in gpus]
+    sleep(window_s)
+    last = [look(nvml, handle, clock) for _, _, handle in gpus]
+    return [idle_entry(index, uuid, a, b) for (index, uuid, _), a, b in zip(gpus, first, last, strict=True)]
+
+
+def idle_power(gpus: Sequence[devices.GpuIdentity], window_s: float = IDLE_WINDOW_S) -> dict[str, Any]:
+    """env.json's `gpu_idle_power`: how it was read and each trial GPU's reading
+    (read_idle_power); no GPU and why (a CPU plan, no NVML) where there is none to read."""
+    record: dict[str, Any] = {"how": IDLE_HOW, "window_s": window_s,
+                              "captured": datetime.now(UTC).isoformat(timespec="seconds"),
+                              "gpus": [], "reason": None}
+    if not gpus:
+        return {**record, "reason": "no CUDA trial in the plan: no GPU to read"}
+    try:
+        pynvml = nvml.bindings()
+
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return {**record, "reason": f"NVML unavailable: {exc}"}
+    try:
+        handles = [(gpu.index, gpu.uuid, devices.nvml_handle(pynvml, gpu)) for gpu in gpus]
+        return {**record, "gpus": read_idle_power(pynvml, handles, window_s)}
+    except Exception as exc:  # a GPU gone between the plan and now
+        return {**record, "reason": f"NVML: {exc}"}
     finally:
         pynvml.nvmlShutdown()

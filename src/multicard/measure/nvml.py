@@ -1,9 +1,9 @@
 """NVIDIA's NVML bindings (nvidia-ml-py), the ones multicard depends on, wherever they are shadowed.
 
 NGC 24.11 ships pynvml 11.4.1 (for RAPIDS): a package directory named `pynvml`, which Python
-prefers over nvidia-ml-py's module file of the same name. Its bindings stop at NVML's field 160,
-so they lack NVML_FI_DEV_POWER_INSTANT, on which short energy windows depend. Rather than replace
-the base's package, multicard loads nvidia-ml-py's own file where another `pynvml` shadows it.
+prefers over nvidia-ml-py's module file of the same name. Its bindings stop at NVML's field 160
+and lack the calls and constants NVML added since. Rather than replace the base's package,
+multicard loads nvidia-ml-py's own file where another `pynvml` shadows it.
 """
 
 from __future__ import annotations

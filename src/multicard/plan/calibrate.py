@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from multicard.data.mnist import MNIST_TEST
 from multicard.errors import InputError
 from multicard.plan import cost, params
 from multicard.plan.params import Value
@@ -36,25 +37,31 @@ from multicard.plan.params import Value
 SCHEMA = 1
 # The settings that are how much work a trial does (the rate turns them into seconds), or where
 # its files are (machine-specific paths): every other setting is part of the rate's key.
-NOT_KEYED = {"vision": frozenset({"epochs", "max_steps", "train_subset", "seed"}),
+# The test set is work too (eval_work), and the step probe runs after everything the rate times.
+NOT_KEYED = {"vision": frozenset({"epochs", "max_steps", "train_subset", "test_subset", "seed",
+                                  "probe_steps"}),
              "llm": frozenset({"max_steps", "seed", "weights", "tokenizer", "data"})}
 
 
 @dataclass(frozen=True)
 class Rate:
     per_s: float  # work() per timed second: images of one rank or CPU node (vision), tokens per GPU (LLM)
-    startup_s: float  # mean wall time of a trial outside its timed work
+    startup_s: float  # mean wall time of a trial outside its timed work (and its modelled evaluation)
     trials: int  # ok trials behind both (skipped ones where `skipped`)
     source: str  # the run they came from
     skipped: bool = False  # that run skipped every trial of the key: it takes `startup_s`
     run_start: bool = False  # not a trial's: a run's one-off start (`startup_s`), once per run
+    # vision on GPUs, what carries the rate to another image size or batch (scaled_estimate):
+    step_s: float | None = None  # the trials' mean median step (CUDA events)
+    gpu_share: float | None = None  # the part of a step the GPU computes, at most 1
+    gpu_share_from: str | None = None  # the step probe, or NVML utilisation (an upper bound)
 
 
 @dataclass(frozen=True)
 class Estimate:
     seconds: float
-    how: str  # "measured" or "guessed"
-    source: str | None = None  # for a measured one: its run and trial count
+    how: str  # "measured", "scaled" (a measured rate carried to another size or batch) or "guessed"
+    source: str | None = None  # for a measured or scaled one: its run and trial count
 
 
 def rate_key(workload: str, settings: Mapping[str, Value], trace: str = "none") -> str:
@@ -79,11 +86,25 @@ def _units(settings: Mapping[str, Value]) -> int:
     return nodes if settings["device"] == "cpu" else nodes * int(settings["gpus"])
 
 
+# Forward-only evaluation of an image costs about a third of a training step's (cost.py): what a
+# trial's evaluation takes at its measured rate, so that its test set is work, not part of the key
+EVAL_SHARE = 1 / 3
+
+
+def eval_work(workload: str, settings: Mapping[str, Value]) -> float:
+    """A vision trial's evaluation in training images of one rank (or CPU node); 0 for LLM trials."""
+    if workload != "vision":
+        return 0.0
+    test = (int(settings["test_subset"]) or MNIST_TEST) * EVAL_SHARE
+    return test / _units(settings) if settings["mode"] == "train" else 0.0
+
+
 def observation(workload: str, settings: Mapping[str, Value], record: Mapping[str, Any]
                 ) -> tuple[float, float] | None:
     """(rate, start-up seconds) of one ok trial, or None when its record lacks them. The rate is
     the trial's own work over its timed seconds, so that the estimate of the same settings gives
-    back the same seconds (torchtune's tokens/s counts only non-padding tokens, for one)."""
+    back the same seconds (torchtune's tokens/s counts only non-padding tokens, for one). The
+    start-up is the wall time less the timed part and the evaluation at that rate."""
     metrics, wall = record.get("metrics") or {}, record.get("wall_s")
     if record.get("status") != "ok" or not wall:
         return None
@@ -94,7 +115,8 @@ def observation(workload: str, settings: Mapping[str, Value], record: Mapping[st
         timed = step * steps if step and steps else None
     if not timed or not math.isfinite(timed) or timed <= 0:
         return None
-    return work(workload, settings) / float(timed), max(0.0, float(wall) - float(timed))
+    rate = work(workload, settings) / float(timed)
+    return rate, max(0.0, float(wall) - float(timed) - eval_work(workload, settings) / rate)
 
 
 def run_start_key(workload: str) -> str:
@@ -130,18 +152,19 @@ def fit(workload: str, runs: Iterable[tuple[str, Iterable[tuple[Mapping[str, Val
     several runs takes the run with the most trials behind it (a measured rate before a skip)."""
     found: dict[str, Rate] = {}
     for name, trials in runs:
-        seen: dict[str, list[tuple[float, float]]] = {}
+        seen: dict[str, list[tuple[float, float, Mapping[str, Any]]]] = {}
         skips: dict[str, list[float]] = {}
         listed = list(trials)
         for (settings, record), before in zip(listed, gaps([r for _, r in listed]), strict=True):
             key = rate_key(workload, settings, str(record.get("trace") or "none"))
             if (point := observation(workload, settings, record)) is not None:
-                seen.setdefault(key, []).append((point[0], point[1] + before))
+                seen.setdefault(key, []).append((point[0], point[1] + before, record.get("metrics") or {}))
             elif record.get("status") == "skipped":
                 skips.setdefault(key, []).append(float(record.get("wall_s") or 0.0) + before)
         # the harmonic mean: trials of equal work take their mean time (a mean of rates would not)
         rates = {key: Rate(statistics.harmonic_mean([p[0] for p in points]),
-                           statistics.fmean(p[1] for p in points), len(points), name)
+                           statistics.fmean(p[1] for p in points), len(points), name,
+                           **step_shares([p[2] for p in points]))
                  for key, points in seen.items()}
         rates |= {key: Rate(0.0, statistics.fmean(walls), len(walls), name, skipped=True)
                   for key, walls in skips.items() if key not in seen}
@@ -149,6 +172,22 @@ def fit(workload: str, runs: Iterable[tuple[str, Iterable[tuple[Mapping[str, Val
             if key not in found or better(rate, found[key]):
                 found[key] = rate
     return found
+
+
+def step_shares(metrics: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """What carries a key's rate to other image sizes and batches: its mean median step and the
+    part of it the GPU computes, from the step probe where every trial has one, else NVML's
+    utilisation (the share of time some kernel ran: an upper bound); none without either."""
+    steps = [m.get("step_time_median_s") for m in metrics]
+    if not steps or any(not isinstance(v, int | float) or v <= 0 for v in steps):
+        return {}
+    for key, how in (("gpu_busy_fraction", "step probe"),
+                     ("gpu_util_mean", "NVML utilisation, an upper bound")):
+        shares = [m.get(key) for m in metrics]
+        if all(isinstance(v, int | float) and v >= 0 for v in shares):
+            return {"step_s": statistics.fmean(steps),  # type: ignore[arg-type]
+                    "gpu_share": min(1.0, statistics.fmean(shares)), "gpu_share_from": how}  # type: ignore[arg-type]
+    return {}
 
 
 def gaps(records: list[Mapping[str, Any]]) -> list[float]:
@@ -179,11 +218,79 @@ def estimate(workload: str, settings: Mapping[str, Value], rates: Mapping[str, R
     """A planned trial's seconds: from its measured rate where there is one, else guessed."""
     rate = rates.get(rate_key(workload, settings, trace))
     if rate is None:
-        return Estimate(cost.trial_seconds(workload, settings), "guessed")
+        return scaled_estimate(workload, settings, rates, trace) or \
+            Estimate(cost.trial_seconds(workload, settings), "guessed")
     if rate.skipped:
         return Estimate(rate.startup_s, "measured", f"{rate.source}: skipped there, {rate.trials} trial(s)")
-    return Estimate(rate.startup_s + work(workload, settings) / rate.per_s, "measured",
-                    f"{rate.source}, {rate.trials} trial(s)")
+    return Estimate(rate.startup_s + (work(workload, settings) + eval_work(workload, settings)) / rate.per_s,
+                    "measured", f"{rate.source}, {rate.trials} trial(s)")
+
+
+# What a measured vision rate is carried across: image size and batch by the model below; the
+# one-rank DDP wrapping as it is, which overstates a lean or unwrapped rank (less host work per
+# step) when the rate was measured with PyTorch's defaults (every run before the setting existed)
+SCALED = ("image_size", "batch_size", "single_rank_ddp")
+
+
+def scaled_estimate(workload: str, settings: Mapping[str, Value], rates: Mapping[str, Rate],
+                    trace: str = "none") -> Estimate | None:
+    """A vision GPU trial whose key was measured at another image size or batch only. A step is
+    split by the measured GPU share g: the GPU's part g x step grows with the pixels and the batch
+    (MobileNetV2's work), the rest (1 - g) x step, the host's gaps, stays per step. Adding the
+    two, rather than taking the larger, is conservative: it assumes none of the host's work
+    hides behind the GPU's. The warm-up's steps scale alike; start-up is the measured one."""
+    found = _carrier(workload, settings, rates, trace)
+    if found is None:
+        return None
+    fields, rate = found
+    size0, batch0 = int(fields["image_size"]), int(fields["batch_size"])
+    g, step0 = float(rate.gpu_share or 0.0), float(rate.step_s or 0.0)
+    step1 = _scaled_step(settings, fields, rate)
+    per_image1 = (1 / rate.per_s) * (step1 / step0) * (batch0 / int(settings["batch_size"]))
+    warmup = int(settings["warmup_steps"]) * (step1 - step0)
+    images = work(workload, settings) + eval_work(workload, settings)
+    seconds = rate.startup_s + warmup + images * per_image1
+    wrapped = "" if fields["single_rank_ddp"] == str(settings["single_rank_ddp"]) else \
+        f", one-rank DDP {fields['single_rank_ddp']}"
+    return Estimate(seconds, "scaled", f"{rate.source}, {rate.trials} trial(s) at {size0} px, "
+                                       f"batch {batch0}{wrapped}; GPU share {g * 100:.0f} % "
+                                       f"({rate.gpu_share_from})")
+
+
+def _carrier(workload: str, settings: Mapping[str, Value], rates: Mapping[str, Rate],
+             trace: str = "none") -> tuple[dict[str, str], Rate] | None:
+    """The measured rate (and its key's fields) that can carry to `settings`: the same key but for
+    SCALED, with a GPU share; of several, the one with the most trials."""
+    if workload != "vision" or settings["device"] != "cuda":
+        return None
+    wanted = _key_fields(rate_key(workload, settings, trace))
+    found = [(fields, r) for key, r in rates.items() if r.gpu_share is not None and not r.skipped
+             and _same_but(fields := _key_fields(key), wanted, SCALED)]
+    return max(found, key=lambda f: f[1].trials) if found else None
+
+
+def _scaled_step(settings: Mapping[str, Value], fields: Mapping[str, str], rate: Rate) -> float:
+    growth = (int(settings["batch_size"]) / int(fields["batch_size"])) * \
+        (int(settings["image_size"]) / int(fields["image_size"])) ** 2
+    g, step0 = float(rate.gpu_share or 0.0), float(rate.step_s or 0.0)
+    return step0 * (g * growth + (1 - g))
+
+
+def step_seconds(settings: Mapping[str, Value], rates: Mapping[str, Rate]) -> float:
+    """One training step of one vision rank: measured (the key's own median step), carried from
+    another size or batch (scaled_estimate's model), else the guessed cost model."""
+    found = _carrier("vision", settings, rates)
+    if found is None:
+        return cost.vision_step_seconds(settings)
+    return _scaled_step(settings, *found)
+
+
+def _key_fields(key: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in key.split("|") if "=" in part)
+
+
+def _same_but(a: Mapping[str, str], b: Mapping[str, str], free: tuple[str, ...]) -> bool:
+    return a.keys() == b.keys() and all(a[k] == b[k] for k in a if k not in free)
 
 
 def save(rates: Mapping[str, Rate], path: Path) -> None:

@@ -315,11 +315,42 @@ def torchrun_binding_modes() -> tuple[frozenset[str], str | None]:
 
 
 def vision_argv(settings: Mapping[str, Value], trial_dir: Path, data_dir: Path, trace: str,
-                wrapper: Sequence[str] = (), rdzv: Rendezvous | None = None) -> list[str]:
-    """torchrun over `multicard.workloads.vision` with every setting as a flag."""
+                wrapper: Sequence[str] = (), rdzv: Rendezvous | None = None
+                ) -> tuple[list[str], dict[str, str]]:
+    """The command of `multicard.workloads.vision` with every setting as a flag, and what it
+    needs in its environment: torchrun, or the rank alone (agentless)."""
     module_args = ["--out", str(trial_dir), "--data-dir", str(data_dir), "--trace", trace,
                    *params.to_flags(settings)]
+    binding = TORCHRUN_POLICIES.get(str(settings["numa_policy"]))
+    if agentless(int(settings["gpus"]), int(settings["nnodes"]), wrapper, binding):
+        return [sys.executable, "-m", "multicard.workloads.vision", *module_args], single_rank_env()
     return torchrun_argv("multicard.workloads.vision", module_args,
                          nproc_per_node=int(settings["gpus"]), nnodes=int(settings["nnodes"]),
-                         rdzv=rdzv, wrapper=wrapper,
-                         numa_binding=TORCHRUN_POLICIES.get(str(settings["numa_policy"])))
+                         rdzv=rdzv, wrapper=wrapper, numa_binding=binding), {}
+
+
+def agentless(ranks_per_node: int, nnodes: int, wrapper: Sequence[str], binding: str | None) -> bool:
+    """Whether a trial's one rank is started without torchrun's agent. The agent costs a trial
+    about 7 s (its own interpreter and torch import, the rendezvous, the teardown: the H200 run's
+    trials spent 7.1-7.7 s outside their rank) and does nothing for one rank on one node. Kept
+    where it does something: several ranks or nodes, its own --numa-binding, and a wrapper in
+    front of the rank (nsys forks the rank from a thread, whose exit would fire the rank's
+    parent-death signal: the agent's watcher, die_with_agent, covers that)."""
+    return ranks_per_node == 1 and nnodes == 1 and not wrapper and binding is None
+
+
+def single_rank_env() -> dict[str, str]:
+    """What torchrun would give its one rank: rank 0 of 1, and a free port on this host for the
+    process group's store (env:// initialisation)."""
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+            "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+
+
+def free_port() -> int:
+    """A TCP port the kernel has just handed out and released: the rank binds it a moment later
+    (a race with another program taking it is possible, as with torchrun's --standalone)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

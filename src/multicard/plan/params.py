@@ -30,6 +30,10 @@ class Param:
     choices: tuple[str, ...] | None = None
     minimum: float | None = None
     maximum: float | None = None
+    # a setting added after runs were recorded: what those runs did. A run's spec.toml without
+    # it resolves to this value (not the default), and a config with this value hashes without
+    # it, so every earlier run keeps its config ids (spec.config_id).
+    before: Value | None = None
 
     def describe(self) -> str:
         """What a valid value looks like, for error messages."""
@@ -116,6 +120,14 @@ VISION: dict[str, Param] = {
     "cudnn_benchmark": Param(bool, False, "torch.backends.cudnn.benchmark (default: false)"),
     "warmup_steps": Param(int, 5, "untimed steps before training; state restored after", minimum=0,
                           maximum=100_000),
+    "single_rank_ddp": Param(str, "lean", "how a one-rank trial wraps the model: lean (DDP without "
+                             "the per-forward buffer broadcast, gradients as bucket views), default "
+                             "(DDP with PyTorch's defaults) or none (no DDP); several ranks always "
+                             "use DDP with PyTorch's defaults, as the paper's DDP-DS",
+                             choices=("lean", "default", "none"), before="default"),
+    "probe_steps": Param(int, 5, "steps profiled after the trial (nothing timed left) to read the GPU's "
+                         "kernel time per step: the trial's GPU-bound or host-bound label; 0 = none",
+                         minimum=0, maximum=1000, before=0),
     "max_steps": Param(int, 0, "steps per epoch: each epoch draws a fixed, seeded random "
                        "max_steps x batch x ranks images; 0 = the whole dataset", minimum=0,
                        maximum=10_000_000),
@@ -230,6 +242,14 @@ VISION_METRICS: tuple[str, ...] = (
     "dali_threads_cores_mean",
     "cpu_cores_mean",
     "stray_contexts",
+    # the step probe after the trial (profiling.step_probe) and the operating point it gives
+    "probe_kernels_per_step",
+    "probe_kernel_s_per_step",
+    "probe_busy_s_per_step",
+    "probe_aten_ops_per_step",
+    "probe_launches_per_step",
+    "probe_wall_s_per_step",
+    "gpu_busy_fraction",
 )
 
 LLM_METRICS: tuple[str, ...] = (
@@ -259,13 +279,16 @@ PROPORTION_METRICS = frozenset({"test_accuracy", "data_wait_fraction", "h2d_wait
 WORKLOAD_PRIMARY = {"vision": "train_time_s", "llm": "step_time_median_s"}
 
 
-def resolve(workload: str, values: Mapping[str, Value]) -> dict[str, Value]:
-    """Defaults overlaid with `values`, in the table's order (values are assumed checked)."""
+def resolve(workload: str, values: Mapping[str, Value], recorded: bool = False) -> dict[str, Value]:
+    """Defaults overlaid with `values`, in the table's order (values are assumed checked).
+    `recorded`: the values are a run's resolved settings, where a missing setting is one added
+    since, and takes what the run did (`Param.before`)."""
     table = WORKLOAD_PARAMS[workload]
     unknown = set(values) - set(table)
     if unknown:
         raise InputError(f"unknown setting(s) for workload {workload!r}: {sorted(unknown)}")
-    return {name: values.get(name, param.default) for name, param in table.items()}
+    return {name: values.get(name, param.before if recorded and param.before is not None
+                             else param.default) for name, param in table.items()}
 
 
 def to_flags(values: Mapping[str, Value]) -> list[str]:

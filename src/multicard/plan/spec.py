@@ -224,7 +224,7 @@ def from_document(doc: dict[str, Any], path: Path, profile: str = "paper") -> Sp
         profile = check.text("[experiment].profile", exp["profile"])
     else:
         doc = _merge_profile(check, doc, profile)
-    fixed, grid = _fixed_and_grid(check, doc, workload)
+    fixed, grid = _fixed_and_grid(check, doc, workload, resolved)
     trials = check.table("[trials]", doc.get("trials", {}))
     check.keys("[trials]", trials, TRIALS_KEYS)
     spec = Spec(
@@ -430,7 +430,7 @@ def _reject_overlap(check: _Checker, fixed: Mapping[str, Any], grid: Mapping[str
 
 
 def _fixed_and_grid(
-    check: _Checker, doc: dict[str, Any], workload: str
+    check: _Checker, doc: dict[str, Any], workload: str, recorded: bool = False
 ) -> tuple[dict[str, Value], dict[str, list[Value]]]:
     raw_fixed = check.table("[fixed]", doc.get("fixed", {}))
     raw_grid = check.table("[grid]", doc.get("grid", {}))
@@ -446,7 +446,7 @@ def _fixed_and_grid(
         grid[key] = checked
     if not grid:
         check.fail("[grid]", "at least one factor with a non-empty list of values", raw_grid)
-    defaults = params.resolve(workload, fixed)
+    defaults = params.resolve(workload, fixed, recorded)
     return {k: v for k, v in defaults.items() if k not in grid}, grid
 
 
@@ -532,9 +532,13 @@ def _ref_value(check: _Checker, key: str, value: Any) -> float | tuple[float, fl
 
 
 def config_id(spec: Spec, settings: Mapping[str, Value]) -> str:
-    """Stable 12-hex id of one config: experiment, workload and every resolved setting."""
+    """Stable 12-hex id of one config: experiment, workload and every resolved setting, but a
+    setting added since runs were recorded where it has the value they ran with (params.Param.before)."""
+    table = params.WORKLOAD_PARAMS[spec.workload]
+    hashed = {k: v for k, v in settings.items() if k not in table or table[k].before is None
+              or v != table[k].before}
     payload = json.dumps(
-        {"experiment": spec.name, "workload": spec.workload, "params": dict(settings)},
+        {"experiment": spec.name, "workload": spec.workload, "params": hashed},
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:12]

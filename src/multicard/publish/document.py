@@ -17,11 +17,12 @@ from tabulate import tabulate
 import multicard
 from multicard import integrity
 from multicard.judge import claims, power, stats, summarize
+from multicard.measure import gpu_state
 from multicard.plan import cost
 from multicard.plan.spec import Spec
 from multicard.publish import html
 from multicard.publish.figures import plot_breakdown, plot_ladder, plot_primary, plot_time_and_energy
-from multicard.publish.formatting import label, run_nature
+from multicard.publish.formatting import idle_power_line, idle_power_text, label, run_nature
 from multicard.publish.runs import RunData, discover_runs, load_run, merge_shards
 from multicard.publish.tables import (
     display_effects,
@@ -106,25 +107,48 @@ def _environment_section(runs: list[RunData], out: Path) -> str:
 def _gpu_state_section(runs: list[RunData], out: Path) -> str:
     """Each run's GPUs as set and as they were when it started and ended (env.json,
     gpu-state-end.json): limits, clocks, throttle reasons, how long a limit held the clocks
-    down in between, modes, ECC, PCIe, NCCL."""
+    down in between, modes, ECC, PCIe, NCCL, idle power; each run's idle power once more, in
+    the open, beside the folded table."""
     rows = []
     for run in runs:
         at_end = {g.get("uuid"): g for g in run.gpus_at_end}
+        idle = _idle_record(run.env)
         nccl = (run.env.get("torch") or {}).get("nccl")
-        rows += [{"run": f"`{_rel(run.path, out)}`", **_gpu_row(gpu, at_end.get(gpu.get("uuid"), {})),
+        rows += [{"run": f"`{_rel(run.path, out)}`",
+                  **_gpu_row(gpu, at_end.get(gpu.get("uuid"), {}), _idle_of(idle, gpu.get("uuid"))),
                   "NCCL": nccl} for gpu in run.env.get("gpus") or []]
+    idle_lines = "\n".join(f"- `{_rel(run.path, out)}`: {idle_power_line(_idle_record(run.env))}"
+                           for run in runs)
+    text = ("\nIdle power of each GPU the trials could see, read before the run's first trial with "
+            "no process on it (NVML's energy counter over 5 s; env.json `gpu_idle_power`). GPU "
+            "energy and power in this report include it:\n\n" + idle_lines + "\n")
     if not rows:
-        return ""
+        return text
     body = tabulate(pd.DataFrame(rows), headers="keys", tablefmt="github", showindex=False)
     summary = f"GPU settings and state, start and end of each run ({len(rows)} GPU rows)"
-    return "\n" + _collapsed(summary, body)
+    return text + "\n" + _collapsed(summary, body)
 
 
-def _gpu_row(gpu: dict[str, Any], at_end: dict[str, Any]) -> dict[str, Any]:
+def _idle_record(env: dict[str, Any]) -> dict[str, Any] | None:
+    """env.json's idle power record (gpu_state.idle_power); None where the run has none."""
+    found = env.get(gpu_state.IDLE_KEY)
+    return found if isinstance(found, dict) else None
+
+
+def _idle_of(record: dict[str, Any] | None, uuid: str | None) -> dict[str, Any] | None:
+    """One GPU's entry of the idle record; a GPU it did not read, with why."""
+    if record is None:
+        return None
+    found = next((g for g in record.get("gpus") or [] if g.get("uuid") == uuid), None)
+    return found or {"watts": None, "reason": record.get("reason") or "not a GPU the trials could see"}
+
+
+def _gpu_row(gpu: dict[str, Any], at_end: dict[str, Any],
+             idle: dict[str, Any] | None = None) -> dict[str, Any]:
     start, end = gpu.get("state") or {}, at_end.get("state") or {}
     pcie = (f"{start.get('pcie_generation')} x {start.get('pcie_width')} "
             f"({start.get('pcie_max_generation')} x {start.get('pcie_max_width')})")
-    return {"GPU": gpu.get("index"),
+    return {"GPU": gpu.get("index"), "idle power": idle_power_text(idle),
             "power limit / enforced (W)": _pair(start, "power_limit_w", "enforced_power_limit_w"),
             "SM clock / application (MHz)": _pair(start, "sm_clock_mhz", "application_sm_clock_mhz"),
             "memory clock / application (MHz)": _pair(start, "memory_clock_mhz",
@@ -283,6 +307,7 @@ def _experiment_section(run: RunData, name: str, out: Path, echo: Callable[[str]
         render_markdown(headline_table(spec, table)),
         f"Raw per-trial values: `tables/{name}_trials.csv`; all statistics: `tables/{name}.csv`.",
         "",
+        *_energy_lines(spec, run, name),
         _collapsed(f"every statistic ({len(display.columns)} columns)", markdown),
         _collapsed(f"fixed settings ({len(spec.fixed)})", fixed),
     ]
@@ -306,6 +331,24 @@ def _experiment_section(run: RunData, name: str, out: Path, echo: Callable[[str]
         lines += [f"- `{r.config_id}` trial {r.trial}: **{r.status}** {r.error_type or ''}: "
                   f"{_first_line(r.message)}" for r in failed.itertuples()]
     return "\n".join(lines) + "\n"
+
+
+def _energy_lines(spec: Spec, run: RunData, name: str) -> list[str]:
+    """Where a section's tables show energy: the rule behind its cells, and the idle power a
+    reader takes out of it (the report computes nothing of its own)."""
+    shown = [label(m) for m in spec.metrics if m in summarize.ENERGY_METRICS]
+    if not shown:
+        return []
+    least = summarize.MIN_ENERGY_TRIALS
+    window, unit, rate = ("its measured steps", "token", "tokens/s (all GPUs)") if spec.workload == "llm" \
+        else ("its train time", "image", "images/s")
+    return [f"Energy ({', '.join(shown)}): shown for a config only where at least {least} ok "
+            f"trials measured it, with its 95 % interval; fewer read \"n < {least}\" "
+            f"(`tables/{name}.csv`: empty, the reason in the metric's `.withheld` column). It "
+            "includes the GPUs' idle draw, read before the first trial: "
+            f"{idle_power_line(_idle_record(run.env))}. A trial's energy above idle is its energy "
+            f"less the idle power of its GPUs (summed) times {window}; per {unit}, less that idle "
+            f"power divided by its {rate}.", ""]
 
 
 def _figures(spec: Spec, table: pd.DataFrame, trials: pd.DataFrame, ladder: pd.DataFrame, name: str,
@@ -511,10 +554,11 @@ def _energy_section(runs: list[RunData], questions: list[claims.Claim] | None, o
     return ("## Energy\n\n"
             "Questions of this artifact, not claims of the paper (which measures time only): does "
             f"each lever save energy per training image? {len(table)} questions: {counts}. "
-            "Energy is every trial GPU's over the timed epochs, from NVML's counter where the "
-            "window is at least 5 s and from its instantaneous power samples integrated where it "
-            f"is shorter (node level for the GPUs, not the wall socket); read here as {read}; two "
-            "arms read differently are not compared. A lever that moves work between the CPU and "
+            "Energy is every trial GPU's over the timed epochs, from NVML's energy counter only, "
+            "over windows of at least 5 s (a shorter window has no energy: null, with its reason), "
+            f"node level for the GPUs, not the wall socket; read here as {read}; two arms read "
+            "differently are not compared. It includes the GPUs' idle draw (each GPU's idle power "
+            "is under Environment). A lever that moves work between the CPU and "
             "the GPU (pinned copies, GPU decoding) is judged on the GPUs' and the CPU packages' "
             "energy together (RAPL), its verdict marked \"GPU energy only\" where RAPL could not be "
             "read. A ratio above "

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from multicard.judge import claims
+from multicard.judge import claims, summarize
 from multicard.plan.spec import Spec, level_rank
 from multicard.publish.formatting import config_tick, label, run_nature
 
@@ -214,7 +214,7 @@ ENERGY_PER_UNIT = ("energy_per_sample_j", "energy_per_token_j")
 def plot_time_and_energy(spec: Spec, table: pd.DataFrame, target: Path) -> bool:
     """Per config, the primary metric and GPU energy per image (vision) or per token (LLM) side
     by side (mean, 95% CI); an energy panel with nothing measured says so instead of drawing
-    zeros."""
+    zeros, and a config whose energy fewer than 3 trials measured has no bar (summarize.withheld)."""
     metric = next((m for m in ENERGY_PER_UNIT if m in spec.metrics), None)
     if metric is None:
         return False
@@ -225,8 +225,10 @@ def plot_time_and_energy(spec: Spec, table: pd.DataFrame, target: Path) -> bool:
     for ax, key in zip(axes, (spec.primary, metric), strict=True):
         mean = table[f"{key}.mean"]
         if mean.isna().all():
-            ax.text(0.5, 0.5, f"{label(key)}: not measured", ha="center", va="center",
-                    transform=ax.transAxes)
+            withheld = table.get(f"{key}.withheld", pd.Series(dtype=object)).notna().any()
+            ax.text(0.5, 0.5, f"{label(key)}: " + (f"fewer than {summarize.MIN_ENERGY_TRIALS} trials "
+                                                   "measured it" if withheld else "not measured"),
+                    ha="center", va="center", transform=ax.transAxes)
             ax.set_axis_off()
             continue
         err = [(mean - table[f"{key}.ci_lo"]).fillna(0), (table[f"{key}.ci_hi"] - mean).fillna(0)]

@@ -36,6 +36,7 @@ METRIC_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "test_accuracy": ("test acc. (%)", fmt_pct),
     "peak_mem_bytes": ("peak mem. (GiB)", fmt_gib),
     "gpu_util_mean": ("GPU util. (%)", fmt_pct),
+    "gpu_busy_fraction": ("GPU computing, of a step (%)", fmt_pct),
     "train_loss": ("train loss", fmt_num),
     "tokens_per_s_per_gpu": ("tokens/s per GPU", fmt_num),
     "peak_mem_active_bytes": ("peak active mem. (GiB)", fmt_gib),
@@ -52,6 +53,7 @@ METRIC_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "energy_per_sample_j": ("GPU energy per image (mJ)", lambda v: fmt_num(v * 1e3)),
     "mean_power_w": ("GPU power, all trial GPUs (W)", fmt_num),
     "cpu_energy_j": ("CPU package energy (J)", fmt_num),
+    "node_energy_per_sample_j": ("GPU + CPU package energy per image (mJ)", lambda v: fmt_num(v * 1e3)),
     "rank_cpu_s": ("rank CPU time, its threads included (s)", fmt_num),
     "dali_threads_cpu_s": ("DALI threads' CPU time (s)", fmt_num),
     "rank_cores_mean": ("rank CPU cores busy (mean)", fmt_num),
@@ -74,9 +76,19 @@ def format_metric(metric: str, value: float) -> str:
     return METRIC_LABELS.get(metric, (metric, fmt_num))[1](value)
 
 
+def withheld_text(row: pd.Series, metric: str) -> str | None:
+    """Why the config's statistics of `metric` are not shown (judge.summarize.withheld: energy
+    that fewer than 3 ok trials measured), as the table says it; None where they are."""
+    why = row.get(f"{metric}.withheld")
+    return why if isinstance(why, str) else None
+
+
 def mean_sd_ci(row: pd.Series, metric: str, ok_trials: int = 0) -> str:
     """"mean ± sd [95% CI]"; "not measured" where the config's ok trials hold no value (a
-    metric recorded as null with its reason, e.g. energy on CPU), "–" where it has none."""
+    metric recorded as null with its reason, e.g. energy on CPU), "–" where it has none, and
+    "n < 3 (n = 2)" where energy is withheld."""
+    if why := withheld_text(row, metric):
+        return why
     mean, sd = row[f"{metric}.mean"], row[f"{metric}.std"]
     if math.isnan(mean):
         return "not measured" if ok_trials else "–"
@@ -173,3 +185,22 @@ def config_tick(key: str, value: Any) -> str:
     if key == "precision":
         return str(value)
     return f"{key}={value}"
+
+
+def idle_power_text(entry: dict[str, Any] | None) -> str:
+    """One GPU's idle power as env.json's `gpu_idle_power` holds it: "61.2 W (5.00 s)", "n/a:
+    why", or "not recorded" (a run made before it was read)."""
+    if entry is None:
+        return "not recorded"
+    if entry.get("watts") is None:
+        return f"n/a: {entry.get('reason')}"
+    return f"{entry['watts']:.4g} W ({entry['window_s']:.3g} s)"
+
+
+def idle_power_line(record: dict[str, Any] | None) -> str:
+    """A run's idle power, every GPU read: "GPU 0 61.2 W (5.00 s), GPU 1 ...", or why none."""
+    if record is None:
+        return "not recorded (env.json has no `gpu_idle_power`: a run made before it was read)"
+    if not record.get("gpus"):
+        return f"not read: {record.get('reason')}"
+    return ", ".join(f"GPU {g.get('index')} {idle_power_text(g)}" for g in record["gpus"])

@@ -10,6 +10,7 @@ from typing import Any
 from multicard import integrity
 from multicard.errors import InputError
 from multicard.measure import gpu_state
+from multicard.plan import calibrate
 from multicard.plan import spec as specmod
 from multicard.plan.spec import Shard, Spec
 from multicard.run import store
@@ -94,3 +95,32 @@ def _nodes_env(path: Path) -> dict[str, Any] | None:
     nodes = checked.get("nodes") if checked.get("ok") else None
     first = nodes[0] if isinstance(nodes, list) and nodes and isinstance(nodes[0], dict) else {}
     return first.get("env") if isinstance(first.get("env"), dict) else None
+
+
+def calibration(paths: list[Path]) -> dict[str, calibrate.Rate]:
+    """Rates fitted from the runs (directories, or collections of them) and calibration files
+    given; a later source wins for every key it measured (a skip never replaces a rate)."""
+    rates: dict[str, calibrate.Rate] = {}
+    for path in paths:
+        found = calibrate.load(path) if path.is_file() else fitted_rates(path)
+        rates |= {key: rate for key, rate in found.items()
+                  if key not in rates or not rate.skipped or rates[key].skipped}
+    return rates
+
+
+def fitted_rates(path: Path) -> dict[str, calibrate.Rate]:
+    """The rates of the runs under `path`, the best run per key."""
+    rates: dict[str, calibrate.Rate] = {}
+    for run in (load_run(d) for d in discover_runs(path)):
+        # by the config's factors, not its id: an id also covers settings added since the run
+        settings = {json.dumps(factors, sort_keys=True): values
+                    for _, factors, values in specmod.configs(run.spec)}
+        trials = [(settings[key], r) for r in run.records
+                  if (key := json.dumps(r.get("config"), sort_keys=True)) in settings]
+        fitted = calibrate.fit(run.spec.workload, [(str(run.path), trials)])
+        fitted |= calibrate.fit_run_start(run.spec.workload, str(run.path), run.env.get("captured"),
+                                          run.records)
+        for key, rate in fitted.items():
+            if key not in rates or calibrate.better(rate, rates[key]):
+                rates[key] = rate
+    return rates

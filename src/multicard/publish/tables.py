@@ -22,6 +22,7 @@ from multicard.publish.formatting import (
     mean_sd_ci,
     paper_values,
     with_ci,
+    withheld_text,
 )
 
 
@@ -49,6 +50,7 @@ def display_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
                 with_ci(r[key], r[f"{key}.lo"], r[f"{key}.hi"], formatter)
                 + (" (Fieller)" if r.get("speedup.method") == "fieller" else "")
                 for _, r in table.iterrows()]
+    out = with_operating_point(out, table)
     if "bound" in table:
         out["bound: real / synthetic img/s [95% CI]"] = [bound_text(r) for _, r in table.iterrows()]
     out["paper"] = [paper_values(v) for v in table["paper"]]
@@ -67,17 +69,27 @@ def headline_table(spec: Spec, table: pd.DataFrame) -> pd.DataFrame:
     out["n"] = table[f"{spec.primary}.n"].astype(int)
     p = spec.primary
     out[f"{label(p)} [95% CI]"] = [
-        ("not measured" if r[f"{p}.n"] else "–") if math.isnan(r[f"{p}.mean"]) else
-        with_ci(r[f"{p}.mean"], r[f"{p}.ci_lo"], r[f"{p}.ci_hi"], lambda v: format_metric(p, v))
+        withheld_text(r, p) or ("not measured" if r[f"{p}.n"] else "–") if math.isnan(r[f"{p}.mean"])
+        else with_ci(r[f"{p}.mean"], r[f"{p}.ci_lo"], r[f"{p}.ci_hi"], lambda v: format_metric(p, v))
         for _, r in table.iterrows()]
     if spec.baseline:  # the section's line above the table names the baseline
         out["speed-up [95% CI]"] = [
             "baseline" if r["baseline"] else with_ci(r["speedup"], r["speedup.lo"], r["speedup.hi"], three)
             for _, r in table.iterrows()]
+    out = with_operating_point(out, table)
     out["paper"] = [paper_values(v) or "–" for v in table["paper"]]
     out["not ok"] = [f"{n} ({', '.join(c)})" if n else "0"
                      for n, c in zip(table["failed"], table["failure_causes"], strict=True)]
     return out
+
+
+def with_operating_point(out: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """The column of each config's GPU-bound / host-bound label, where any trial has one (GPU
+    vision trials with a step probe): a ratio read on host-bound configs measures the host."""
+    labels = table.get("operating_point")
+    if labels is None or labels.isna().all():
+        return out
+    return out.assign(**{"operating point": labels.fillna("–").tolist()})
 
 
 def bound_text(row: pd.Series) -> str:

@@ -24,7 +24,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,10 +33,10 @@ from typing import Any
 from multicard import integrity
 from multicard.data import mnist, page_cache
 from multicard.errors import InputError
-from multicard.judge import adaptive, claims
+from multicard.judge import adaptive, claims, operating_point
 from multicard.measure import devices, environment, gpu_state, observe, processes, telemetry
 from multicard.measure.meters import LaunchMeters
-from multicard.plan import cost, launch
+from multicard.plan import calibrate, launch
 from multicard.plan import spec as specmod
 from multicard.plan.spec import PlannedTrial, Spec
 from multicard.profiling import nsys, parse
@@ -123,9 +123,11 @@ class Nodes:
 def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], None] = print,
         data_dir: Path | None = None, trace: str | None = None,
         nodes: Nodes | None = None, deadline_unix: float | None = None,
-        shard: specmod.Shard | None = None) -> RunOutcome:
+        shard: specmod.Shard | None = None, rates: Mapping[str, calibrate.Rate] | None = None
+        ) -> RunOutcome:
     """Run (or resume) `spec` into `out`; `trace` overrides the spec's `[trials].trace`; with
-    `shard`, only that part of the plan (shard.json says which).
+    `shard`, only that part of the plan (shard.json says which). `rates`: measured rates
+    (plan --calibrate) for the trials' estimates, beside those this run measures as it goes.
 
     A trial with nnodes > 1 is one step of `nodes.launcher` (one part per node, multicard.run.cluster),
     after a preflight step over the nodes; this process alone plans, and alone writes `out`'s
@@ -143,7 +145,7 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
     # everything that can refuse the run does so before a file is written
     spec = dataclasses.replace(spec, trials=trials or spec.trials,
                                trace=resolve_trace(spec, trace or spec.trace, echo))
-    _check_devices(spec, specmod.plan(spec))
+    gpus = _check_devices(spec, specmod.plan(spec))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -153,9 +155,10 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
             data_dir = (data_dir or mnist.default_root()).resolve()
             with stop_on_signals():
                 _check_shard(out, shard)
-                _prepare(spec, out, data_dir)
+                _prepare(spec, out, data_dir, gpus)
                 _prepare_inputs(spec, out, data_dir, echo)
-                outcome = _run_pending(spec, out, data_dir, echo, nodes, deadline_unix, shard)
+                outcome = _run_pending(spec, out, data_dir, echo, nodes, deadline_unix, shard,
+                                       Estimator(spec, out, rates or {}))
                 _record_gpus_at_end(out)
                 return outcome
     except Interrupted as stop:
@@ -182,8 +185,10 @@ def resolve_trace(spec: Spec, mode: str, echo: Callable[[str], None]) -> str:
                      "use --trace torch, or set [trials].trace_fallback = true)")
 
 
-def _prepare(spec: Spec, out: Path, data_dir: Path) -> None:
-    """Write spec.toml and env.json, or check that `out` holds a run of this same spec."""
+def _prepare(spec: Spec, out: Path, data_dir: Path, gpus: list[devices.GpuIdentity]) -> None:
+    """Write spec.toml and env.json, or check that `out` holds a run of this same spec. A new
+    run's env.json also holds the idle power of the trial GPUs (`gpus`), read here, before its
+    first trial (gpu_state.idle_power: 5 s)."""
     spec_file = out / "spec.toml"
     if spec_file.exists():
         existing = specmod.load(spec_file)
@@ -194,9 +199,12 @@ def _prepare(spec: Spec, out: Path, data_dir: Path) -> None:
                              f"({existing.name}, profile {existing.profile}); use another --out")
     integrity.write_text_atomic(spec_file, specmod.to_toml(spec))
     env_file = out / "env.json"
+    env = environment.capture_env(data_dir)
     if env_file.exists():  # a resumed run: keep the first environment, record this one beside it
         env_file = out / f"env-resume-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
-    integrity.write_text_atomic(env_file, json.dumps(environment.capture_env(data_dir), indent=1))
+    else:
+        env[gpu_state.IDLE_KEY] = gpu_state.idle_power(gpus)
+    integrity.write_text_atomic(env_file, json.dumps(env, indent=1))
 
 
 def _check_shard(out: Path, shard: specmod.Shard | None) -> None:
@@ -253,16 +261,35 @@ def _prepare_lock(cache: Path, echo: Callable[[str], None]) -> Iterator[None]:
         yield
 
 
+class Estimator:
+    """A planned trial's seconds: from measured rates where there are some (those given, and the
+    ones this run's own ok trials give, which win), else the guessed cost model."""
+
+    def __init__(self, spec: Spec, out: Path, given: Mapping[str, calibrate.Rate]) -> None:
+        self.spec, self.out, self.given = spec, out, dict(given)
+        self.settings = {cid: settings for cid, _, settings in specmod.configs(spec)}
+        self.rates = dict(given)
+
+    def learn(self, records: list[dict[str, Any]]) -> None:
+        mine = [(self.settings[r["config_id"]], r) for r in records if r.get("config_id") in self.settings]
+        self.rates = {**self.given, **calibrate.fit(self.spec.workload, [(str(self.out), mine)])}
+
+    def seconds(self, planned: PlannedTrial) -> float:
+        return calibrate.estimate(self.spec.workload, planned.params, self.rates, planned.trace).seconds
+
+
 def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], None],
                  nodes: Nodes | None = None, deadline_unix: float | None = None,
-                 shard: specmod.Shard | None = None) -> RunOutcome:
+                 shard: specmod.Shard | None = None, estimator: Estimator | None = None) -> RunOutcome:
     trials_file = out / store.TRIALS_FILE
     records = store.read(trials_file)
+    estimator = estimator or Estimator(spec, out, {})
+    estimator.learn(records)
     done = store.finished(records)
     late = store.censored(records) - done
     planned = [p for p in specmod.plan(spec) if shard is None or shard.holds(p)]
     todo = [p for p in planned if p.key not in done and p.key not in late]
-    estimates = [cost.trial_seconds(spec.workload, p.params) for p in todo]
+    estimates = [estimator.seconds(p) for p in todo]
     kept = sum(p.key in late for p in planned)
     censored = f", {kept} timed out (kept, censored: not run again)" if kept else ""
     part = f", part {shard.index}/{shard.count} of the plan" if shard else ""
@@ -283,7 +310,7 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
             continue
         reason = registry.WORKLOADS[spec.workload].unrunnable(planned_trial.params, planned_trial.trace,
                                                               machine)
-        needed = time_needed(estimates[index], planned_trial, records)
+        needed = time_needed(estimator.seconds(planned_trial), planned_trial, records)
         if not reason and deadline_unix is not None:
             if needed > deadline_unix - started_at:  # more than this whole job: never fits one
                 reason = ("NeedsLongerJob", f"needs about {format_duration(needed)}; this run had "
@@ -295,6 +322,8 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
         record = skipped_record(spec, planned_trial, *reason) if reason else \
             _run_recorded(spec, planned_trial, out, data_dir, nodes, trials_file)
         append_record(trials_file, record)
+        records.append(record)
+        estimator.learn(records)  # the next estimates use what this trial measured
         GATE.check()  # a stop that came after the trial ended: its record is safe now
         tally.add(record, describe(planned_trial), index)
     if tally.left_for_later:
@@ -641,6 +670,8 @@ def _finished_record(spec: Spec, planned: PlannedTrial, out: Path, trial_dir: Pa
         status, error = classify(returncode, timed_out, _tail(trial_dir / "stderr.log"), result,
                                  spec.timeout_s, rank_failure(trial_dir))
     traces = collect_traces(trial_dir, out) if planned.trace != "none" else {}
+    metrics = {**result["metrics"], **sampled} if result and status == "ok" else {}
+    unmeasured = {**result.get("unmeasured", {}), **not_sampled} if result and status == "ok" else {}
     return {
         "schema": store.SCHEMA,
         "experiment": spec.name,
@@ -656,10 +687,11 @@ def _finished_record(spec: Spec, planned: PlannedTrial, out: Path, trial_dir: Pa
         "started": started,
         "started_unix": round(started_unix, 3),
         "wall_s": round(wall, 3),
-        "metrics": {**result["metrics"], **sampled} if result and status == "ok" else {},
+        "metrics": metrics,
         # metric -> why it is null (never 0 for "not measured")
-        "unmeasured": {**result.get("unmeasured", {}), **not_sampled}
-        if result and status == "ok" else {},
+        "unmeasured": unmeasured,
+        # GPU-bound or host-bound, from the step probe (judge.operating_point); none for a failure
+        "bound": operating_point.trial_bound(spec.workload, metrics, unmeasured) if metrics else None,
         "cleared_env": launch.cleared_env(os.environ),
         "trace_metrics": traces,
         # metric -> how it was read, where there is more than one way (energy: counter or power)

@@ -196,7 +196,7 @@ def vision_command(settings: Settings, trial_dir: Path, data_dir: Path,
     counted = launch.counters_wrapper(trial_dir / counters.DIRECTORY) if settings["numa_counters"] else []
     wrapper = launch.rank_wrapper(str(settings["numa_policy"]), str(settings["device"]),
                                   [*counted, *profiler])
-    return launch.vision_argv(settings, trial_dir, data_dir, how.trace, wrapper, how.rdzv), {}
+    return launch.vision_argv(settings, trial_dir, data_dir, how.trace, wrapper, how.rdzv)
 
 
 def vision_page_cache(settings: Settings, data_dir: Path) -> tuple[str, Path] | None:

@@ -54,7 +54,7 @@ from multicard.measure.telemetry import rank_device_bytes  # noqa: E402
 from multicard.measure.timing import BatchTimer, StepClock, warmup_batch_sizes  # noqa: E402
 from multicard.plan import params, precision  # noqa: E402
 from multicard.plan.launch import DROPPED_ENV, die_with_agent  # noqa: E402
-from multicard.profiling import TRACE_MODES  # noqa: E402
+from multicard.profiling import TRACE_MODES, step_probe  # noqa: E402
 from multicard.profiling.capture import TRACERS, NoTracer, TraceConfig, Tracer  # noqa: E402
 
 T_IMPORTED = time.time()
@@ -159,8 +159,10 @@ def main(argv: list[str] | None = None) -> None:
                                         numerics.autocast)
         accuracy = correct / max(1, test_images)
     timeline["eval_done"] = time.time()
+    probed = probe_record(args, training, train_config, numerics, device)
+    timeline["probe_done"] = time.time()
 
-    local = rank_record(rank, timed, training, memory, measured, uuid, parent_death,
+    local = rank_record(rank, timed, training, memory, {**measured, **probed}, uuid, parent_death,
                         args.epochs * steps_per_epoch)
     gathered: list[dict[str, Any]] = [{} for _ in range(world)]
     dist.all_gather_object(gathered, local)
@@ -240,12 +242,33 @@ def set_up_training(args: argparse.Namespace, config: LoaderConfig, numerics: Nu
                                                                dtype=numerics.param_dtype)
     if args.layout == "nhwc":
         model = model.to(memory_format=torch.channels_last)
-    ddp = DDP(model, device_ids=[local_rank] if config.device.type == "cuda" else None)
+    ddp = wrap(model, args.single_rank_ddp, config.world,
+               local_rank if config.device.type == "cuda" else None)
     ready = time.time()
     warmed = warmup_batch_sizes(samples_per_rank, args.batch_size) if args.warmup_steps else []
     optimizer, scaler = warm_up(ddp, model, args, config, numerics.model_input, numerics.autocast,
                                 numerics.policy, warmed)
     return Training(model, ddp, optimizer, scaler, warmed, ready)
+
+
+def wrap(model: torch.nn.Module, single_rank: str, world: int, device_id: int | None) -> torch.nn.Module:
+    """The model as the training step calls it. Several ranks: DDP with PyTorch's defaults (the
+    paper's DDP-DS). One rank (`single_rank_ddp`): DDP still broadcasts every buffer before each
+    forward and copies every gradient into its buckets, host work and kernels that only dilute a
+    one-GPU ratio (about 1,100 more ATen ops per step on the H200 run); "lean" drops both,
+    "none" the wrapper, "default" keeps PyTorch's defaults."""
+    ids = [device_id] if device_id is not None else None
+    if world > 1 or single_rank == "default":
+        return DDP(model, device_ids=ids)
+    if single_rank == "lean":
+        # torch >= 2.14 names the per-forward broadcast `forward_sync_buffers` and warns at the old
+        # name; the NGC image's 2.6 knows only `broadcast_buffers`
+        import inspect
+
+        forward = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters \
+            else "broadcast_buffers"
+        return DDP(model, device_ids=ids, gradient_as_bucket_view=True, **{forward: False})
+    return model
 
 
 @dataclass
@@ -309,6 +332,28 @@ def timed_epochs(args: argparse.Namespace, loader: Any, steps_per_epoch: int, cl
     meters.finish()
     tracer.stop()
     return timed
+
+
+def probe_record(args: argparse.Namespace, training: Training | None, config: LoaderConfig,
+                 numerics: Numerics, device: torch.device) -> dict[str, Any]:
+    """The step probe's metrics (profiling.step_probe), or each null with why. It runs after
+    evaluation, so nothing it does is timed or changes the accuracy; every rank runs it, as DDP's
+    steps need them all."""
+    why = ("probe_steps = 0" if not args.probe_steps else "CPU run: there are no GPU kernels"
+           if device.type != "cuda" else "mode = loader_only: there is no training step"
+           if training is None else None)
+    if why:
+        return {**dict.fromkeys(step_probe.METRICS), "probe_reason": why}
+    assert training is not None
+    images, labels, _ = next(LOADERS["synthetic"](config).epoch(0))
+    training.model.train()
+
+    def step() -> None:
+        train_step(training.ddp, training.optimizer, training.scaler, images.to(numerics.model_input),
+                   labels, numerics.autocast, NoTracer())
+
+    step()  # sync point follows in probe(): evaluation's shapes and modes are behind us
+    return {**step_probe.probe(step, args.probe_steps, lambda: synchronize(device)), "probe_reason": None}
 
 
 def rank_record(rank: int, timed: Timed, training: Training | None, memory: dict[str, Any],
@@ -481,9 +526,21 @@ def combine_ranks(ranks: list[dict[str, Any]], test_accuracy: float | None) -> d
         "train_loss": statistics.fmean(r["loss_mean"] for r in ranks),
         "local_page_fraction": mean_of("local_page_fraction"),
         "cpus_on_gpu_node_fraction": mean_of("cpus_on_gpu_node_fraction"),
+        **{metric: mean_of(metric) for metric in step_probe.METRICS},
+        "gpu_busy_fraction": busy_fraction(ranks),
         **trial_energy(ranks)[0],
         **trial_resources(ranks, train_time),
     }
+
+
+def busy_fraction(ranks: list[dict[str, Any]]) -> float | None:
+    """The share of a timed step in which the GPU computes: the probe's busy time per step over
+    the rank's own median timed step (CUDA events), averaged over the ranks. It is measured, not
+    clipped: a value over 1 says the probe's steps and the timed ones differ (shapes, clocks)."""
+    shares = [r["probe_busy_s_per_step"] / statistics.median(r["step_times_s"]) for r in ranks
+              if r.get("probe_busy_s_per_step") is not None and r["step_times_s"]
+              and statistics.median(r["step_times_s"]) > 0]
+    return statistics.fmean(shares) if len(shares) == len(ranks) else None
 
 
 def trial_resources(ranks: list[dict[str, Any]], train_time: float) -> dict[str, Any]:
@@ -536,6 +593,10 @@ def unmeasured(ranks: list[dict[str, Any]]) -> dict[str, str]:
         why = next((r.get(why_key) or "not recorded" for r in ranks if r.get(metric) is None), None)
         if why:
             reasons[metric] = why
+    if any(r.get("probe_busy_s_per_step") is None for r in ranks):
+        why = next(r.get("probe_reason") or "the probe found no kernels" for r in ranks
+                   if r.get("probe_busy_s_per_step") is None)
+        reasons |= dict.fromkeys((*step_probe.METRICS, "gpu_busy_fraction"), why)
     if "dali_threads_cpu_s" in reasons:
         reasons["dali_threads_cores_mean"] = reasons["dali_threads_cpu_s"]
     for metric in ("local_page_fraction", "cpus_on_gpu_node_fraction"):

@@ -718,3 +718,30 @@ def test_e2_reads_gpu_and_cpu_energy_and_says_gpu_energy_only_where_rapl_is_unre
 
     assert _question(both) == "pin_memory=True uses less energy per image (GPU + CPU packages)"
     assert _question(gpu_only) == "pin_memory=True uses less energy per image (GPU energy only)"
+
+
+# --- what a reader must know beside a verdict -----------------------------------------------------
+
+def test_a_speed_claim_on_host_bound_trials_says_so_and_gpu_bound_ones_do_not() -> None:
+    def rows(busy: float) -> list[dict[str, Any]]:
+        found = trials({"precision": "fp64", "gpus": 1}, "train_time_s", FIVE_FP64)
+        found += trials({"precision": "fp32", "gpus": 1}, "train_time_s", [10.0, 10.05, 9.95, 10.0, 10.02])
+        return [{**r, "gpu_busy_fraction": busy if r["precision"] == "fp32" else 0.95} for r in found]
+
+    host = verdict("C1", results("table2_precision", rows(0.35)))
+    assert host.verdict == "supported"  # the verdict stands; the reader is told what it rests on
+    assert ("gpus=1: judged on host-bound trials (precision=fp32: the GPU computed 35%-35% of a step, "
+            "below 80%)") in host.why
+    gpu = verdict("C1", results("table2_precision", rows(0.9)))
+    assert "host-bound" not in gpu.why
+
+
+def test_an_accuracy_claim_short_of_convergence_says_so() -> None:
+    def rows(fp64: float) -> list[dict[str, Any]]:
+        found = trials({"precision": "fp64", "gpus": 1}, "test_accuracy", [fp64] * 5)
+        return found + trials({"precision": "fp16", "gpus": 1}, "test_accuracy", [fp64 - 0.001] * 5)
+
+    short = verdict("C3", results("table2_precision", rows(0.90)))
+    assert "gpus=1: not at convergence (the baseline's mean 90.0% is below the 98%" in short.why
+    assert "convergence" not in verdict("C3", results("table2_precision", rows(0.992))).why
+    assert "host-bound" not in short.why  # accuracy is no speed: the operating point is not its matter

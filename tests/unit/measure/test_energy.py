@@ -14,6 +14,7 @@ NVML_START, NVML_END = Reading(100.0, 9_876_543_210), Reading(112.5, 9_880_293_2
 
 def test_a_counter_window_is_the_difference_in_joules() -> None:
     found = energy.window_energy(NVML_START, NVML_END, 1e-3, None)
+    assert found.reason is None
     assert found == Energy(pytest.approx(3750.0), "counter")
     assert energy.mean_power(found.joules, 12.5) == pytest.approx(300.0)
 
@@ -26,23 +27,30 @@ def test_a_wrapped_counter_adds_its_range() -> None:
     assert energy.window_energy(start, end, 1e-6, wraps, min_window_s=energy.RAPL_MIN_WINDOW_S).joules \
         == pytest.approx(5.0)
     assert energy.counter_delta(10, 5, None) is None  # back, range unknown: not a number
+    # a counter of known range that wrapped inside a 5 s window: 1500 mJ, not a negative number
+    nvml_wrap = energy.window_energy(Reading(0.0, 2**64 - 1000), Reading(5.0, 500), 1e-3, 2**64)
+    assert nvml_wrap == Energy(pytest.approx(1.5), "counter")
 
 
-def test_a_window_shorter_than_the_counter_resolves_integrates_power() -> None:
-    start, end = Reading(0.0, 1000), Reading(0.4, 1000)  # the counter has not moved yet
-    samples = [(0.0, 200.0), (0.2, 300.0), (0.4, 300.0)]  # 0.2 * 250 + 0.2 * 300
-    found = energy.window_energy(start, end, 1e-3, None, samples)
-    assert found.joules == pytest.approx(110.0) and found.source == "integrated power"
-    assert "0.400 s window is shorter than the counter resolves (5 s)" in str(found.reason)
-    unmeasured = energy.window_energy(start, end, 1e-3, None, samples[:1])
-    assert unmeasured.joules is None and "fewer than 2 power samples" in str(unmeasured.reason)
+def test_a_window_under_5_s_has_no_energy_and_says_why_and_5_s_is_the_counters_delta() -> None:
+    # 250 W in mJ: the counter moved 1225 J in 4.9 s and 1250 J in 5.0 s
+    start = Reading(100.0, 1_000_000)
+    short = energy.window_energy(start, Reading(104.9, 2_225_000), 1e-3, None)
+    assert short == Energy(None, None, "a 4.900 s window is shorter than the 5 s the energy counter needs")
+    enough = energy.window_energy(start, Reading(105.0, 2_250_000), 1e-3, None)
+    assert enough == Energy(pytest.approx(1250.0), "counter")
+    assert energy.mean_power(enough.joules, 5.0) == pytest.approx(250.0)
+
+
+def test_a_counter_that_went_back_is_no_reading() -> None:
+    # a driver reload in the window restarts NVML's counter: no range to add, so no number
+    found = energy.window_energy(Reading(0.0, 5000), Reading(3600.0, 10), 1e-3, None)
+    assert found == Energy(None, None, "the counter went back and its range is unknown")
 
 
 def test_a_sum_over_gpus_is_none_when_one_is_missing() -> None:
     ok = Energy(10.0, "counter")
-    short = Energy(2.0, "integrated power", "a 0.5 s window ...")
-    assert energy.total([("GPU 0", ok), ("GPU 1", short)]) == Energy(
-        12.0, "counter + integrated power", "a 0.5 s window ...")
+    assert energy.total([("GPU 0", ok), ("GPU 1", Energy(2.0, "counter"))]) == Energy(12.0, "counter")
     missing = energy.total([("GPU 0", ok), ("GPU 1", Energy(None, None, "NVML: not supported"))])
     assert missing == Energy(None, None, "GPU 1: NVML: not supported")
     assert energy.total([]).reason == "no device to measure"
@@ -134,7 +142,7 @@ def test_a_window_of_a_sampled_counter_is_interpolated() -> None:
     assert energy.counter_at(series, 101.5) == pytest.approx(450_000)
     assert energy.energy_between(series, 100.5, 106.5).joules == pytest.approx(1800.0)
     short = energy.energy_between(series, 100.5, 102.5)  # 2 s: the counter reads it low
-    assert short.joules is None and "shorter than the counter resolves (5 s)" in str(short.reason)
+    assert short == Energy(None, None, "a 2.000 s window is shorter than the 5 s the energy counter needs")
     assert "not sampled over the whole window" in str(energy.energy_between(series, 99.0, 105.0).reason)
 
 
@@ -165,21 +173,13 @@ def test_the_cpu_meter_follows_a_counter_that_wraps_more_than_once(tmp_path: Pat
     assert meter.energy().joules == pytest.approx(0.012)
 
 
-def test_short_window_power_is_held_out_to_the_window_edges() -> None:
-    # samples start a period late and end a period early: 0.5 s at 200 W is 100 J, not 40
-    found = energy.window_energy(Reading(0.0, 5), Reading(0.5, 5), 1e-3, None, [(0.1, 200.0), (0.3, 200.0)])
-    assert found.joules == pytest.approx(100.0) and found.source == "integrated power"
-
-
 def test_how_a_trials_energy_was_read_is_kept_and_counted() -> None:
     from multicard.judge import summarize
 
     counter = {**energy.rank_record(Energy(100.0, "counter"), Energy(5.0, "counter"))}
-    short = {**energy.rank_record(Energy(1.0, "integrated power"), None)}
-    assert energy.trial_sources([counter, counter]) == {"energy_j": "NVML counter",
-                                                        "cpu_energy_j": "RAPL counter"}
-    assert energy.trial_sources([counter, short]) == {"energy_j": "NVML counter + integrated power",
-                                                      "cpu_energy_j": "RAPL counter"}
+    gpu_only = {**energy.rank_record(Energy(90.0, "counter"), None)}
+    assert energy.trial_sources([counter, gpu_only]) == {"energy_j": "NVML counter",
+                                                         "cpu_energy_j": "RAPL counter"}
     cpu_run = energy.rank_record(Energy(None, None, "CPU run: no GPU"), Energy(None, None, "no powercap"))
     assert energy.trial_sources([cpu_run]) == {}
     records = [{"status": "ok", "measured_how": {"energy_j": "NVML counter"}},
@@ -188,103 +188,81 @@ def test_how_a_trials_energy_was_read_is_kept_and_counted() -> None:
     assert summarize.energy_sources(records) == {"NVML counter": 2}
 
 
-def test_power_samples_with_a_gap_do_not_stand_in_for_a_counter_that_went_back() -> None:
-    # the meter stops sampling power 2 s into a window when the counter works; if the counter
-    # then goes back (a driver reload), samples at the start and the end must not be stretched
-    start, end = Reading(0.0, 5000), Reading(3600.0, 10)
-    samples = [(0.0, 250.0), (0.05, 250.0), (2.0, 250.0), (3600.0, 260.0)]
-    found = energy.window_energy(start, end, 1e-3, None, samples)
-    assert found.joules is None and "leave a 3598.0 s gap" in str(found.reason)
-    assert "the counter went back" in str(found.reason)
-
-
-def nvml_stand_in(counter: object = lambda handle: 0, instant_mw: int | None = 250_000,
-                  plain_mw: int = 250_000, architecture: int = 9) -> object:
-    """pynvml's calls the meters make: the instantaneous power field where `instant_mw` is
-    given (else NOT_SUPPORTED, 3), a plain power reading, the architecture (9: Hopper)."""
+def nvml_stand_in(counter: object = lambda handle: 0) -> object:
+    """pynvml's calls the GPU meter makes: init, a handle by UUID, the energy counter (mJ)."""
     from types import SimpleNamespace
 
-    def fields(handle: object, ids: list[int]) -> list[object]:
-        assert ids == [186]
-        supported = instant_mw is not None
-        return [SimpleNamespace(nvmlReturn=0 if supported else 3,
-                                value=SimpleNamespace(uiVal=instant_mw or 0))]
-
-    return SimpleNamespace(
-        nvmlInit=lambda: None, nvmlDeviceGetHandleByUUID=lambda uuid: uuid,
-        nvmlDeviceGetTotalEnergyConsumption=counter, nvmlDeviceGetPowerUsage=lambda handle: plain_mw,
-        NVML_FI_DEV_POWER_INSTANT=186, nvmlDeviceGetFieldValues=fields,
-        nvmlDeviceGetArchitecture=lambda handle: architecture)
+    return SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByUUID=lambda uuid: uuid,
+                           nvmlDeviceGetTotalEnergyConsumption=counter)
 
 
-def test_short_windows_read_instantaneous_power_never_a_1_second_average() -> None:
-    reader, why = energy.instant_power_reader(nvml_stand_in(instant_mw=300_000, plain_mw=250_000), "h")
-    assert why is None and reader is not None and reader() == 300.0  # the field, not the average
-    volta = nvml_stand_in(instant_mw=None, plain_mw=250_000, architecture=5)
-    reader, why = energy.instant_power_reader(volta, "h")
-    assert why is None and reader is not None and reader() == 250.0  # instantaneous before Ampere
-    hopper = nvml_stand_in(instant_mw=None, architecture=9)
-    reader, why = energy.instant_power_reader(hopper, "h")
-    assert reader is None and "the plain reading is a 1-second average on this GPU" in str(why)
+class Clock:
+    """Monotonic seconds a test sets: the meters read it, nothing sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def test_a_short_window_without_instantaneous_power_is_null_with_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-
-    reads = iter(range(0, 10**9, 1000))
-    monkeypatch.setitem(sys.modules, "pynvml", nvml_stand_in(lambda handle: next(reads), instant_mw=None))
-    with energy.GpuEnergyMeter("GPU-a", period_s=0.01) as meter:
-        time.sleep(0.2)  # under the counter's 5 s
-    found = meter.energy()
-    assert found.joules is None and "shorter than the counter resolves (5 s)" in str(found.reason)
-    assert "1-second average" in str(found.reason)
-
-
-def stand_in_nvml(monkeypatch: pytest.MonkeyPatch, counter_fails_after: int = 10**9) -> None:
-    """pynvml as GpuEnergyMeter calls it: a counter moving 1000 mJ per read (failing after
-    `counter_fails_after` reads), power 250 W."""
+def stand_in_counter(monkeypatch: pytest.MonkeyPatch, clock: Clock, watts: float = 250.0,
+                     fails_after: int = 10**9) -> None:
+    """pynvml with a counter that moves `watts` per second of `clock` (failing after
+    `fails_after` reads)."""
     import sys
 
     reads = {"n": 0}
 
     def counter(handle: object) -> int:
         reads["n"] += 1
-        if reads["n"] > counter_fails_after:
+        if reads["n"] > fails_after:
             raise RuntimeError("NVML_ERROR_UNKNOWN")
-        return 1000 * reads["n"]
+        return 7_000_000 + int(watts * 1000 * clock.now)
 
     monkeypatch.setitem(sys.modules, "pynvml", nvml_stand_in(counter))
-    monkeypatch.setattr(energy, "MIN_COUNTER_WINDOW_S", 0.05)  # the sampler stops after 0.1 s
 
 
-def test_the_gpu_meter_samples_power_only_as_long_as_a_short_window_needs(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    stand_in_nvml(monkeypatch)
-    with energy.GpuEnergyMeter("GPU-a", period_s=0.01) as meter:
-        time.sleep(1.2)  # longer than the counter's 1 s (the default window_energy resolves)
-    # about 0.1 s of samples at 100 Hz, one at entry and one at exit: not 120
-    assert 3 <= len(meter.power) <= 20
-    assert meter.energy() == Energy(pytest.approx(1.0), "counter")  # 1000 mJ between the reads
+def metered(clock: Clock, seconds: float) -> Energy:
+    with energy.GpuEnergyMeter("GPU-a", clock=clock) as meter:
+        clock.now += seconds
+    return meter.energy()
 
 
-def test_a_window_started_after_the_barrier_samples_again_and_drops_what_came_before(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    stand_in_nvml(monkeypatch)
-    monkeypatch.setattr(energy, "MIN_COUNTER_WINDOW_S", 0.3)  # the sampler sleeps after 0.6 s
-    with energy.GpuEnergyMeter("GPU-a", period_s=0.01) as meter:
-        time.sleep(0.7)  # a long barrier: the sampler has gone to sleep
+def test_the_gpu_meter_reads_the_counter_over_5_s_and_nothing_under(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    stand_in_counter(monkeypatch, clock)
+    assert metered(clock, 5.0) == Energy(pytest.approx(1250.0), "counter")
+    short = metered(clock, 4.9)
+    assert short == Energy(None, None, "a 4.900 s window is shorter than the 5 s the energy counter needs")
+
+
+def test_a_short_window_is_null_with_the_same_reason_on_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a vision trial (its ranks' meters) and an LLM trial (the runner's sampled series) say alike
+    clock = Clock()
+    stand_in_counter(monkeypatch, clock)
+    ranks = [{"rank": 0, **energy.rank_record(metered(clock, 4.9), None)}]
+    metrics, reasons = energy.trial_metrics(ranks, samples=1000, seconds=4.9)
+    assert metrics["energy_j"] is None and metrics["energy_per_sample_j"] is None
+    assert metrics["mean_power_w"] is None  # never 0
+    why = "a 4.900 s window is shorter than the 5 s the energy counter needs"
+    assert {reasons[k] for k in ("energy_j", "energy_per_sample_j", "mean_power_w")} == {f"rank 0: {why}"}
+    series = [(100.0 + t, 250_000 * t) for t in range(10)]
+    assert energy.energy_between(series, 100.0, 104.9).reason == why
+
+
+def test_a_window_started_after_the_barrier_drops_what_came_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    stand_in_counter(monkeypatch, clock)
+    with energy.GpuEnergyMeter("GPU-a", clock=clock) as meter:
+        clock.now += 30.0  # a long barrier: not the timed region
         meter.mark_start()
-        time.sleep(0.2)  # a short timed region: the counter cannot resolve it
-    assert all(t >= meter._window[0] for t, _ in meter.power) and len(meter.power) >= 10
-    found = meter.energy()
-    assert found.source == "integrated power" and found.joules == pytest.approx(250.0 * 0.2, rel=0.25)
+        clock.now += 6.0
+    assert meter.energy() == Energy(pytest.approx(1500.0), "counter")  # 6 s at 250 W
 
 
-def test_a_failed_closing_read_never_stretches_a_few_power_samples_over_the_window(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    stand_in_nvml(monkeypatch, counter_fails_after=1)  # the exit read fails
-    with energy.GpuEnergyMeter("GPU-a", period_s=0.01) as meter:
-        time.sleep(1.2)
-    found = meter.energy()
-    assert found.joules is None
-    assert "NVML's energy counter: NVML_ERROR_UNKNOWN" in str(found.reason) and "gap" in str(found.reason)
+def test_a_failed_closing_read_is_null_with_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    stand_in_counter(monkeypatch, clock, fails_after=1)  # the exit read fails
+    found = metered(clock, 10.0)
+    assert found == Energy(None, None, "NVML's energy counter: NVML_ERROR_UNKNOWN")

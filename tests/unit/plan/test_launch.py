@@ -42,12 +42,31 @@ def test_torchrun_reads_the_rendezvous_flags_as_meant(sep: str) -> None:
 
 def test_vision_argv_passes_every_setting(tmp_path: Path) -> None:
     settings = params.resolve("vision", {"gpus": 3, "precision": "fp16"})
-    argv = launch.vision_argv(settings, tmp_path / "t", tmp_path / "data", "torch")
-    assert "--nproc-per-node=3" in argv and "--no-python" not in argv
+    argv, env = launch.vision_argv(settings, tmp_path / "t", tmp_path / "data", "torch")
+    assert env == {} and "--nproc-per-node=3" in argv and "--no-python" not in argv
     tail = argv[argv.index("multicard.workloads.vision") + 1:]
     assert tail[:6] == ["--out", str(tmp_path / "t"), "--data-dir", str(tmp_path / "data"),
                         "--trace", "torch"]
     assert tail[6:] == params.to_flags(settings)
+
+
+def test_one_rank_on_one_node_starts_without_torchruns_agent(tmp_path: Path) -> None:
+    settings = params.resolve("vision", {"gpus": 1, "precision": "fp16"})
+    argv, env = launch.vision_argv(settings, tmp_path / "t", tmp_path / "data", "none")
+    assert argv[:3] == [sys.executable, "-m", "multicard.workloads.vision"]
+    assert argv[3:] == ["--out", str(tmp_path / "t"), "--data-dir", str(tmp_path / "data"),
+                        "--trace", "none", *params.to_flags(settings)]
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")} == \
+        {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+    assert env["MASTER_ADDR"] == "127.0.0.1" and 0 < int(env["MASTER_PORT"]) < 65536
+
+
+@pytest.mark.parametrize(("ranks", "nnodes", "wrapper", "binding"), [
+    (2, 1, [], None), (1, 2, [], None), (1, 1, ["nsys", "profile"], None), (1, 1, [], "node")])
+def test_the_agent_stays_where_it_does_something(ranks: int, nnodes: int, wrapper: list[str],
+                                                 binding: str | None) -> None:
+    assert not launch.agentless(ranks, nnodes, wrapper, binding)
+    assert launch.agentless(1, 1, [], None)
 
 
 def test_nsys_wraps_every_rank_through_no_python(tmp_path: Path) -> None:
@@ -55,7 +74,7 @@ def test_nsys_wraps_every_rank_through_no_python(tmp_path: Path) -> None:
 
     settings = params.resolve("vision", {"gpus": 2})
     wrapper = nsys.wrapper("/opt/nsys/bin/nsys", tmp_path)
-    argv = launch.vision_argv(settings, tmp_path, tmp_path, "nsys", wrapper)
+    argv, _ = launch.vision_argv(settings, tmp_path, tmp_path, "nsys", wrapper)
     at = argv.index("--no-python")
     assert argv[at + 1:at + 2 + len(nsys.NSYS_PROFILE)] == ["/opt/nsys/bin/nsys", *nsys.NSYS_PROFILE]
     assert argv[at + 2 + len(nsys.NSYS_PROFILE)] == f"--output={tmp_path}/rank%q{{RANK}}"
@@ -175,7 +194,7 @@ def test_each_numa_policy_binds_through_numactl_or_torchrun(
         tmp_path: Path, policy: str, binding: str | None, binder: bool) -> None:
     settings = params.resolve("vision", {"gpus": 2, "device": "cuda", "numa_policy": policy})
     wrapper = launch.rank_wrapper(policy, "cuda")
-    argv = launch.vision_argv(settings, tmp_path, tmp_path, "none", wrapper)
+    argv, _ = launch.vision_argv(settings, tmp_path, tmp_path, "none", wrapper)
     flags = argv[:argv.index("--nproc-per-node=2") + 2]  # torchrun's own, before the rank's
     assert [f for f in flags if f.startswith("--numa-binding")] == ([binding] if binding else [])
     assert ("multicard.run.numa_bind" in argv) is binder

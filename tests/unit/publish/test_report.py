@@ -418,3 +418,50 @@ def test_the_parts_of_a_sharded_plan_are_reported_as_one_run(tmp_path: Path) -> 
     assert len(alone) == 1 and alone[0].shard is not None and alone[0].parts == (parts[0],)
     whole = merge_shards([load_run(p) for p in parts])
     assert len(whole) == 1 and whole[0].planned == alone[0].planned + load_run(parts[1]).planned
+
+
+def test_a_configs_energy_needs_3_trials_and_the_report_states_the_gpus_idle_power(tmp_path: Path) -> None:
+    import math
+
+    import pandas as pd
+
+    from multicard.judge import stats
+    from multicard.measure import gpu_state
+
+    s = spec.load(EXPERIMENTS / "table2_precision.toml")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spec.toml").write_text(spec.to_toml(s))
+    idle = {"how": gpu_state.IDLE_HOW, "window_s": 5.0, "reason": None,
+            "gpus": [{"index": 0, "uuid": "GPU-a", "watts": 61.25, "window_s": 5.0, "processes": [],
+                      "reason": None}]}
+    (run / "env.json").write_text(json.dumps({"host": "h", gpu_state.IDLE_KEY: idle}))
+    ids = {tuple(c.values()): (cid, c) for cid, c, _ in spec.configs(s)}
+    energies = {("fp64", 1): [0.124, 0.126], ("fp32", 1): [0.090, 0.092, 0.091]}
+    for key, values in energies.items():
+        cid, config = ids[key]
+        for trial, joules in enumerate(values):
+            store.append(run / "trials.jsonl", {
+                "schema": 1, "experiment": s.name, "config_id": cid, "config": config, "trial": trial,
+                "status": "ok", "started": "2026-01-01T00:00:00+00:00", "wall_s": 60.0, "error": None,
+                "metrics": {"train_time_s": 30.0 + trial, "energy_per_sample_j": joules}, "artifacts": []})
+    document.write_report([run], run)
+    table = rows((run / "tables" / "table2_precision.md").read_text())
+    header = next(line for line in (run / "tables" / "table2_precision.md").read_text().splitlines()
+                  if "energy per image" in line).split("|")
+    column = next(i for i, h in enumerate(header) if "energy per image" in h) - 1
+    assert table[("fp64", "1")][column] == "n < 3 (n = 2)"
+    found = stats.summarize([0.090, 0.092, 0.091])  # mJ below: 91 ± 1 [lo, hi]
+    assert table[("fp32", "1")][column] == (f"{found.mean * 1e3:.4g} ± {found.std * 1e3:.4g} "
+                                             f"[{found.ci_lo * 1e3:.4g}, {found.ci_hi * 1e3:.4g}]")
+    csv = pd.read_csv(run / "tables" / "table2_precision.csv").set_index(["precision", "gpus"])
+    assert csv.loc[("fp64", 1), "energy_per_sample_j.withheld"] == "n < 3 (n = 2)"
+    assert csv.loc[("fp64", 1), "energy_per_sample_j.n"] == 2
+    assert math.isnan(csv.loc[("fp64", 1), "energy_per_sample_j.mean"])  # null, never a number from 2
+    assert csv.loc[("fp32", 1), "energy_per_sample_j.mean"] == pytest.approx(found.mean)
+    text = (run / "REPORT.md").read_text()
+    assert "- `.`: GPU 0 61.25 W (5 s)" in text  # beside the GPU settings, in the open
+    section = text[text.index("## Table 2"):]
+    assert "fewer read \"n < 3\"" in section
+    assert "read before the first trial: GPU 0 61.25 W (5 s)." in section
+

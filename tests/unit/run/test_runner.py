@@ -97,6 +97,31 @@ def test_configs_needing_more_gpus_than_visible_are_skipped(tmp_path: Path, monk
     assert {r["error"]["message"] for r in records} == {"needs 2 GPUs per node, 1 visible",
                                                         "needs 4 GPUs per node, 1 visible"}
     assert not (tmp_path / "run" / "raw").exists()  # nothing was launched
+    # the visible GPU's idle power was asked for before any trial; a stand-in UUID has no NVML
+    # device (and this machine may have no NVML at all): none, and why
+    idle = json.loads((tmp_path / "run" / "env.json").read_text())["gpu_idle_power"]
+    assert idle["gpus"] == [] and idle["reason"].startswith("NVML")
+
+
+def test_a_new_run_reads_its_gpus_idle_power_once_before_any_trial(tmp_path: Path, monkeypatch) -> None:
+    from multicard.measure import devices, gpu_state
+    from multicard.plan import spec
+    from tests.helpers import write_spec
+
+    asked: list[list[devices.GpuIdentity]] = []
+    reading = {"how": "stand-in", "window_s": 5.0,
+               "gpus": [{"index": 0, "uuid": "GPU-a", "watts": 61.5, "window_s": 5.0, "processes": [],
+                         "reason": None}]}
+    monkeypatch.setattr(gpu_state, "idle_power", lambda gpus: asked.append(gpus) or reading)
+    gpus = [devices.GpuIdentity(0, "GPU-a", "0000:1b:00.0")]
+    s, out = spec.load(write_spec(tmp_path)), tmp_path / "run"
+    out.mkdir()
+    runner._prepare(s, out, tmp_path, gpus)
+    runner._prepare(s, out, tmp_path, gpus)  # a resume: its trials may have run, the GPU is not idle
+    assert asked == [gpus]
+    assert json.loads((out / "env.json").read_text())["gpu_idle_power"] == reading
+    [resumed] = out.glob("env-resume-*.json")
+    assert "gpu_idle_power" not in json.loads(resumed.read_text())
 
 
 def test_dataloader_worker_deaths_are_named() -> None:

@@ -189,3 +189,16 @@ def test_energy_per_token_comes_from_the_counter_over_the_measured_steps(tmp_pat
     values, why = llm.step_energy(tmp_path, steps, warmup=1, world=2)
     assert values == {"energy_j": None, "energy_per_token_j": None, "mean_power_w": None}
     assert why == dict.fromkeys(values, "CPU run: no GPU")
+
+
+def test_llm_steps_measured_over_less_than_5_s_have_no_energy_and_say_why_as_vision_does(
+        tmp_path: Path) -> None:
+    # warm-up 1: the measured steps run from 10.0 to 14.9 s, under the counter's 5 s
+    steps = [{"step": float(i + 1), "wall_time": t, "tokens_per_second_per_gpu": 1000.0}
+             for i, t in enumerate((10.0, 12.0, 14.9))]
+    series = [[t, int(250_000 * t)] for t in (9.0, 11.0, 13.0, 15.0)]
+    (tmp_path / energy.SERIES_FILE).write_text(json.dumps({"series": series, "reason": None}))
+    values, why = llm.step_energy(tmp_path, steps, warmup=1, world=2)
+    assert values == {"energy_j": None, "energy_per_token_j": None, "mean_power_w": None}  # never 0
+    assert why == dict.fromkeys(values, energy.short_window(4.9))
+    assert energy.short_window(4.9) == "a 4.900 s window is shorter than the 5 s the energy counter needs"

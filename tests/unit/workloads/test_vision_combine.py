@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from multicard.measure import energy
@@ -13,6 +15,11 @@ def rank(train: float, epochs: list[float], first: list[float], wait: float, sam
             "data_wait_s": wait, "h2d_wait_s": copy_wait, "samples": samples,
             "peak_mem_bytes": mem, "nvml_process_mem_bytes": None, "step_times_s": steps,
             "h2d_time_s": None, "gpu_util_mean": None, "loss_mean": 2.0, "gpu_uuid": None}
+
+
+PROBED = {"probe_kernels_per_step": 900.0, "probe_kernel_s_per_step": 0.02, "probe_busy_s_per_step": 0.018,
+          "probe_aten_ops_per_step": 2400.0, "probe_launches_per_step": 900.0,
+          "probe_wall_s_per_step": 0.035, "probe_reason": None}
 
 
 def test_slowest_rank_sets_times_and_samples_add_up() -> None:
@@ -45,7 +52,8 @@ def test_what_was_not_measured_says_why() -> None:
     assert unmeasured(cpu)["gpu_util_mean"] == "CPU run: no GPU to sample"
     measured = {**energy.rank_record(Energy(300.0, "counter"), Energy(40.0, "counter")),
                 "rank_cpu_s": 3.0, "workers_cpu_s": 1.0, "stray_contexts": [],
-                "dali_threads_cpu_s": 0.5, "local_page_fraction": 0.9, "cpus_on_gpu_node_fraction": 1.0}
+                "dali_threads_cpu_s": 0.5, "local_page_fraction": 0.9, "cpus_on_gpu_node_fraction": 1.0,
+                **PROBED}
     gpu = [{**cpu[0], "gpu_uuid": "GPU-1", "h2d_time_s": 0.2, "gpu_util_mean": 0.9,
             "nvml_process_mem_reason": "NVML lists no process with this PID on the GPU", **measured}]
     assert unmeasured(gpu) == {"nvml_process_mem_bytes": "NVML lists no process with this PID on the GPU",
@@ -105,3 +113,42 @@ def test_dali_threads_are_counted_apart_and_null_without_dali() -> None:
     assert combine_ranks(torch_loader, None)["dali_threads_cpu_s"] is None
     assert unmeasured(torch_loader)["dali_threads_cpu_s"] == "no DALI thread in this rank"
     assert unmeasured(torch_loader)["dali_threads_cores_mean"] == "no DALI thread in this rank"
+
+
+def test_the_gpus_busy_share_is_the_probes_busy_time_over_each_ranks_own_median_step() -> None:
+    ranks = [{**rank(1.0, [1.0], [0.1], 0.1, 1, 1, [0.02, 0.04, 0.03]), **PROBED},
+             {**rank(1.0, [1.0], [0.1], 0.1, 1, 1, [0.06, 0.06]), **PROBED}]
+    metrics = combine_ranks(ranks, None)
+    assert metrics["gpu_busy_fraction"] == pytest.approx((0.018 / 0.03 + 0.018 / 0.06) / 2)
+    assert metrics["probe_aten_ops_per_step"] == 2400.0
+    assert "gpu_busy_fraction" not in unmeasured(ranks)
+
+
+def test_without_a_probe_the_busy_share_is_null_and_says_why() -> None:
+    ranks = [{**rank(1.0, [1.0], [0.1], 0.1, 1, 1, [0.1]), "probe_busy_s_per_step": None,
+              "probe_reason": "CPU run: there are no GPU kernels"}]
+    assert combine_ranks(ranks, None)["gpu_busy_fraction"] is None
+    assert unmeasured(ranks)["gpu_busy_fraction"] == "CPU run: there are no GPU kernels"
+    assert unmeasured(ranks)["probe_aten_ops_per_step"] == "CPU run: there are no GPU kernels"
+
+
+def test_one_rank_is_wrapped_lean_bare_or_as_pytorch_defaults_and_several_always_in_ddp(
+        tmp_path: Path) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from multicard.workloads.vision import wrap
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(2, 2)
+        lean = wrap(model, "lean", 1, None)
+        assert isinstance(lean, DDP) and not lean.broadcast_buffers and lean.gradient_as_bucket_view
+        default = wrap(model, "default", 1, None)
+        assert default.broadcast_buffers and not default.gradient_as_bucket_view
+        assert wrap(model, "none", 1, None) is model
+        several = wrap(model, "none", 2, None)  # the world size decides: DDP-DS with its defaults
+        assert isinstance(several, DDP) and several.broadcast_buffers
+    finally:
+        dist.destroy_process_group()
