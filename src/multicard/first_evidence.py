@@ -6,7 +6,7 @@
 
 It needs Python, torch and torchvision (no nox, DALI or torchtune) and writes one collection,
 `artifact/runs/1x<gpu>-first-evidence-<UTC>/` by default:
-1. `operating_point/`: the step profile (multicard.workloads.step_profile) at 100 and 300 px for
+1. `operating_point/`: the step profile (multicard.workloads.step_profile) at 100, 224 and 300 px for
    FP64, FP32 and FP16 and the one-rank DDP wrappings at 224 px in FP32 (the trials at 224 px
    probe themselves): where the GPU, and where the host, sets the pace of a step;
 2. `table2_precision-first_evidence/`: FP64, FP32 and FP16 at 224 px, batch 128, one GPU, 5
@@ -25,6 +25,7 @@ again with --out DIR).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import subprocess
 import sys
@@ -32,6 +33,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from multicard.errors import InputError
 from multicard.measure import telemetry
@@ -42,7 +44,7 @@ from multicard.run.runner import format_duration
 
 BUDGET_S = 9 * 60
 EXPERIMENT, PROFILE = "table2_precision", "first_evidence"
-PROFILE_SIZES, PROFILE_PRECISIONS = (100, 300), ("fp64", "fp32", "fp16")
+PROFILE_SIZES, PROFILE_PRECISIONS = (100, 224, 300), ("fp64", "fp32", "fp16")
 PROFILE_DDP_AT, PROFILE_DDP = (224, "fp32"), ("lean", "default", "none")
 PROFILE_STEPS = 10  # timed, and as many profiled, per point
 # guessed, and said so in the plan: the step profile's process start (imports, CUDA, a group of
@@ -142,19 +144,41 @@ def main(args: argparse.Namespace) -> int:
     spec = load_spec(spec_file)
     sources = args.calibrate if args.calibrate is not None else default_sources(Path("artifact/runs"))
     rates = calibration(sources)
-    fits = show(plan(spec, rates), args.budget_s)
+    parts = plan(spec, rates)
+    fits = show(parts, args.budget_s)
     if args.dry_run:
         print("--dry-run: nothing started")
         return 0 if fits else 1
-    return collect(args, spec_file, sources)
+    check_machine(telemetry.visible_gpus(), missing_modules())
+    # a hung step profile must not eat the trials' minutes: three times its estimate
+    return collect(args, spec_file, sources, profile_limit_s=3 * parts[0].seconds)
 
 
-def collect(args: argparse.Namespace, spec_file: Path, sources: list[Path]) -> int:
+# beyond torch and torchvision: the runner's statistics, the report's tables and figures, the
+# GPUs' NVML readings and the run directory's files
+NEEDED = ("numpy", "pandas", "scipy", "matplotlib", "tabulate", "filelock", "pynvml", "tomli_w")
+
+
+def missing_modules() -> list[str]:
+    return [name for name in ("torch", "torchvision", *NEEDED) if importlib.util.find_spec(name) is None]
+
+
+def check_machine(gpus: list[Any], missing: list[str]) -> None:
+    """Bad input before anything is written: no GPU (the plan is for one; --dry-run plans on any
+    machine) or a module the parts import."""
+    if not gpus:
+        raise InputError("first-evidence: no GPU visible (it runs on one; --dry-run plans on any machine)")
+    if missing:
+        raise InputError(f"first-evidence: missing Python modules: {', '.join(missing)} "
+                         "(small wheels: pip install them beside torch)")
+
+
+def collect(args: argparse.Namespace, spec_file: Path, sources: list[Path], profile_limit_s: float) -> int:
     """Run the three parts into the collection; the exit status the module's docstring gives."""
     started = time.time()
     gpus = [g.name or "gpu" for g in telemetry.visible_gpus()[:1]]
     out = args.out or Path("artifact/runs") / run_name(gpus)
-    failed = step_profile(load_spec(spec_file), out / "operating_point")
+    failed = step_profile(load_spec(spec_file), out / "operating_point", profile_limit_s)
     # no trial starts that would leave the report too little time
     deadline = started + args.budget_s - REPORT_S
     calibrated = ["--calibrate", *map(str, sources)] if sources else []
@@ -171,7 +195,7 @@ def load_spec(spec_file: Path) -> specmod.Spec:
     return specmod.load(spec_file, PROFILE)
 
 
-def step_profile(spec: specmod.Spec, where: Path) -> bool:
+def step_profile(spec: specmod.Spec, where: Path, limit_s: float) -> bool:
     """The operating point part (once: a collection that has it keeps it); whether it failed."""
     found = where / "step_profile.json"
     if found.is_file():
@@ -179,9 +203,15 @@ def step_profile(spec: specmod.Spec, where: Path) -> bool:
         return False
     where.mkdir(parents=True, exist_ok=True)
     with (where / "step_profile.log").open("w") as log:
-        done = subprocess.run(profile_argv(spec, found), stdout=log, stderr=subprocess.STDOUT, check=False)
+        try:
+            done = subprocess.run(profile_argv(spec, found), stdout=log, stderr=subprocess.STDOUT,
+                                  check=False, timeout=limit_s).returncode
+        except subprocess.TimeoutExpired:
+            done = None
     print((where / "step_profile.log").read_text(errors="replace"), end="")
-    return done.returncode != 0
+    if done is None:
+        print(f"operating point: failed: stopped after {limit_s:.0f} s (3x its estimate)")
+    return done != 0
 
 
 def call(words: list[str]) -> int:

@@ -78,13 +78,13 @@ def _parent(pid: int) -> int:
 
 
 def _worker_of(marker: str) -> int | None:
-    """A DataLoader worker: the fourth generation of processes that name the run directory
-    (runner -> torchrun -> rank -> worker)."""
+    """A DataLoader worker: the third generation of processes that name the run directory
+    (runner -> rank -> worker: a one-rank trial starts without torchrun's agent)."""
     pids = set(trial_processes(marker))
     for pid in pids:
         try:
             chain = [pid, _parent(pid)]
-            chain += [_parent(chain[-1]), _parent(_parent(chain[-1]))]
+            chain.append(_parent(chain[-1]))
         except (OSError, ValueError, IndexError):
             continue
         if all(p in pids for p in chain):

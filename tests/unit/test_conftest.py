@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import pytest
+
+from tests.helpers import ROOT, load_script
+
 TESTS = '''
 import os, signal
 from multicard.run.stopping import stop_on_signals
@@ -44,3 +47,17 @@ def test_no_test_starts_after_the_deadline(tmp_path: Path) -> None:
     done = session(tmp_path, "def test_late():\n    pass\n", {"MULTICARD_TEST_DEADLINE": "1"})
     assert done.returncode == 0, done.stdout
     assert "SKIPPED" in done.stdout and "out of time: MULTICARD_TEST_DEADLINE passed" in done.stdout
+
+
+def test_the_gpu_test_command_interrupts_pytest_before_its_budget_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tool = load_script(ROOT / "tools" / "gpu_tests.py", "gpu_tests_tool")
+    with pytest.raises(SystemExit) as refused:  # no time left for a test after margin and grace
+        tool.main(["--budget-s", str(tool.MARGIN_S + tool.INTERRUPT_GRACE_S)])
+    assert refused.value.code == 2
+    ends: list[float] = []
+    monkeypatch.setattr(tool, "_follow", lambda proc, lines, end: ends.append(end) or proc.wait())
+    monkeypatch.setattr(tool, "argv", lambda extra: [sys.executable, "-c", "pass"])
+    monkeypatch.setattr(tool.time, "time", lambda: 1000.0)
+    assert tool.main(["--budget-s", "240"]) == 0
+    assert ends == [1000.0 + 240 - tool.INTERRUPT_GRACE_S]  # SIGINT then, SIGKILL at the budget

@@ -56,10 +56,23 @@ def test_the_step_profile_runs_the_trials_settings_at_its_own_points(tmp_path: P
     assert argv[:3] == [sys.executable, "-m", "multicard.workloads.step_profile"]
     flags = dict(zip(argv[3:argv.index("--"):2], argv[4:argv.index("--"):2], strict=True))
     assert flags == {"--out": str(tmp_path / "p.json"), "--device": "cuda", "--batch-size": "128",
-                     "--sizes": "100,300", "--precisions": "fp64,fp32,fp16", "--steps": "10",
+                     "--sizes": "100,224,300", "--precisions": "fp64,fp32,fp16", "--steps": "10",
                      "--ddp": "lean,default,none", "--ddp-at": "224:fp32"}
     rest = argv[argv.index("--") + 1:]
     assert rest[rest.index("--cast") + 1] == "host" and "--precision" not in rest
     # the plan's points are the ones step_profile makes of those flags
     points = first_evidence.profile_points(s)
-    assert len(points) == 6 + 2 and {p["single_rank_ddp"] for p in points} == {"lean", "default", "none"}
+    assert len(points) == 9 + 2 and {p["single_rank_ddp"] for p in points} == {"lean", "default", "none"}
+
+
+def test_without_a_gpu_or_a_module_it_stops_before_writing_anything(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "run"
+    monkeypatch.setattr(first_evidence.telemetry, "visible_gpus", lambda: [])
+    with pytest.raises(InputError, match="no GPU visible"):
+        first_evidence.main(args(dry_run=False, out=out))
+    assert not out.exists()
+    with pytest.raises(InputError, match="missing Python modules: scipy, tomli_w"):
+        first_evidence.check_machine([object()], ["scipy", "tomli_w"])
+    first_evidence.check_machine([object()], [])  # a GPU and every module: it goes on
+    assert first_evidence.missing_modules() == []  # the development environment has them all

@@ -40,7 +40,7 @@ def test_local_removes_the_penalty() -> None:
 def test_local_helps_but_the_penalty_remains() -> None:
     table = trials(BASE | {("torch", "local", g): [9.0, 9.1, 8.9] for g in (3, 4)})
     finding = summarize.numa_findings(SPEC, table)[0]
-    assert finding.answer == "no"  # 12.5 % left under binding: wholly above the 6 % tolerance
+    assert finding.answer == "no"  # 12.5 % left under binding: wholly above the 5 % tolerance
     assert finding.why.endswith("read at the level the 2 groups share (97.5 %): left in "
                                 "layout=nchw, gpus=3 / layout=nchw, gpus=4, removed in none")
 

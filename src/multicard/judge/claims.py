@@ -34,9 +34,9 @@ ratio, the effect):
   GPUs, by one Welch interval, read as `direction` reads a ratio);
 - `outcome` (C11, C17: configs the paper says fail, or run; "fails" needs a resource cause: out of
   memory, shared memory, a killed worker or rank, an NCCL error), `numa` (C10: summarize's NUMA
-  test with the tolerance: the penalty pooled over 3-4 GPUs without binding, each group's under
-  `local`), `dominates` (C18: summed trace metrics), `all` (parts: contradicted if any part is,
-  supported if all are).
+  test with the tolerance: the penalty pooled over 3-4 GPUs without binding, the change binding
+  makes to it pooled the same way, each group's under `local`), `dominates` (C18: summed trace
+  metrics), `all` (parts: contradicted if any part is, supported if all are).
 Where the paper gives a value for one group (Table 5, C3's two accuracies), the claim carries it
 (`values`, from the experiment's [[reference]] entries) and its evidence shows it beside ours.
 A metric named `trace.<key>` reads the traced trials' summaries. Failed and timed-out attempts of
@@ -591,7 +591,7 @@ def _ratios(claim: Claim, runs: list[Results]) -> Verdict:
                 notes.append(f"{label}: energy read as {' / '.join(readings)}")
             elif a and b:
                 groups.append(replace(_group(claim, label, a, b, minimum), **paper))
-                notes += _reading_notes(claim, label, group, a)
+                notes += _reading_notes(claim, label, group, a, run.spec)
             elif outcome := _resource_outcome(claim, run, where, traced, (a, b)):
                 left_out.append(f"{label} left out: {outcome}")
                 continue
@@ -629,10 +629,12 @@ def _group(claim: Claim, label: str, a: list[float], b: list[float], minimum: in
     return replace(_evidence(claim, label, ratio), n=(len(a), len(b)), decision=decision)
 
 
-def _reading_notes(claim: Claim, label: str, group: pd.DataFrame, against: list[float]) -> list[str]:
+def _reading_notes(claim: Claim, label: str, group: pd.DataFrame, against: list[float],
+                   spec: Spec) -> list[str]:
     """What a reader must know beside a group's verdict: that the trials were host-bound (a
     speed claim then measures the host more than the GPU; judge.operating_point), or stopped
-    short of convergence (an accuracy claim about converged training)."""
+    short of convergence (an accuracy claim about converged training): epochs capped at
+    `max_steps` (kick, first evidence, smoke) whatever the accuracy, or a baseline below it."""
     notes = []
     if claim.metric != "test_accuracy" and "gpu_busy_fraction" in group:
         for arm in (claim.against, claim.compare):
@@ -643,10 +645,14 @@ def _reading_notes(claim: Claim, label: str, group: pd.DataFrame, against: list[
                              f"{min(shares):.0%}-{max(shares):.0%} of a step, below "
                              f"{operating_point.GPU_BOUND_AT:.0%}): the ratio says more of the host "
                              "than of the GPU")
-    if claim.converged_at is not None and against and statistics.fmean(against) < claim.converged_at:
-        notes.append(f"{label}: not at convergence (the baseline's mean {statistics.fmean(against):.1%} "
-                     f"is below the {claim.converged_at:.0%} the claim is about): read, not decisive "
-                     "of converged training")
+    if claim.converged_at is None or not against:
+        return notes
+    mean, capped = statistics.fmean(against), int(spec.fixed.get("max_steps", 0) or 0)
+    if capped or mean < claim.converged_at:
+        why = f"epochs of {capped} steps" if capped \
+            else f"below the {claim.converged_at:.0%} the claim is about"
+        notes.append(f"{label}: not at convergence ({why}; the baseline's mean {mean:.1%}): read, "
+                     "not decisive of converged training")
     return notes
 
 
@@ -1040,9 +1046,11 @@ def _dominates(claim: Claim, runs: list[Results]) -> Verdict:
 def _numa(claim: Claim, runs: list[Results]) -> Verdict:
     """summarize's NUMA test (its first question: does `local` remove the DataLoader's 3-4 GPU
     penalty?) on each run that can answer it (both loaders under none and local: not the
-    controls), which reads its groups at the level they share and names the configs that cannot
-    decide (too few ok trials, none, a timed-out attempt). Several runs that answer share the
-    level the same way (`groups`)."""
+    controls): supported only where binding is compared with no binding and lowers the penalty
+    (summarize.removes_penalty), so a small penalty binding leaves as it is, within the
+    tolerance either way, is not read as removed. The test reads its groups at the level they
+    share and names the configs that cannot decide (too few ok trials, none, a timed-out
+    attempt). Several runs that answer share the level the same way (`groups`)."""
     answering = [r for r in runs if summarize.answers_penalty(r.spec)]
     answers = [summarize.penalty_finding(r.spec, r.trials, tolerance_of(claim), r.records,
                                          with_evidence=False) for r in answering]

@@ -310,6 +310,20 @@ def pooled_log_ratio(pairs: Sequence[tuple[ArrayLike, ArrayLike]],
     return log_contrast([x for pair in pairs for x in pair], [1 / k, -1 / k] * k, confidence)
 
 
+def pooled_log_ratio_change(groups: Sequence[tuple[tuple[ArrayLike, ArrayLike], tuple[ArrayLike, ArrayLike]]],
+                            confidence: float | None = None) -> Difference:
+    """log_ratio_change averaged over groups ((b1, o1), (b2, o2)): how much a log ratio changes
+    between two settings, one interval for a change that several groups share (the DataLoader's
+    penalty without binding minus under it, over 3 and 4 GPUs). Above 0: the ratio is larger at
+    the first setting. `n_a`, `n_b`: the first group's b1 and b2 sizes."""
+    k = len(groups)
+    if k == 0:
+        return Difference(NAN, NAN, NAN)
+    samples = [x for first, last in groups for x in (*first, *last)]
+    found = log_contrast(samples, [w / k for w in (1.0, -1.0, -1.0, 1.0)] * k, confidence)
+    return replace(found, n_b=len(np.asarray(groups[0][1][0])))
+
+
 def abba_order(pairs: int) -> list[str]:
     """The order of `pairs` pairs of blocks of two arms "A" and "B": A B B A A B B A ... (2 x pairs
     blocks; an odd count ends A B). Pair k is the k-th A with the k-th B; within each A-B-B-A

@@ -479,7 +479,7 @@ CONTROLS = (("page_cache", "warm"), ("persistent_workers", False), ("normalize",
 PENALTY_GPUS = (3, 4)
 # the DataLoader's penalty left under binding that still counts as removed (claims.toml's
 # [tolerance.numa] gives the reason; claims pass theirs)
-PENALTY_TOLERANCE = 0.06
+PENALTY_TOLERANCE = 0.05
 
 
 # the NUMA test's first question reads these arms, (loader, numa_policy), at PENALTY_GPUS
@@ -568,29 +568,35 @@ def _select(table: pd.DataFrame, gpus: Iterable[int], **match: Any) -> pd.DataFr
 def removes_penalty(spec: Spec, trials: pd.DataFrame, tolerance: float) -> tuple[str, str]:
     """(answer, why): does binding remove the DataLoader's penalty T_torch / T_dali at 3-4 GPUs?
 
-    One penalty, tested where it is claimed: without binding, pooled over the groups (every GPU
-    count of 3-4 and every other factor: stats.pooled_log_ratio), its interval above 1 says
-    there is one to remove; under `local`, each group's own interval must lie below 1 +
-    tolerance for `yes` (every group, at 95 %). `no` where a group's penalty under local lies
-    wholly above 1 + tolerance, `mixed` where another's then lies wholly below it: those read
-    intervals at the level the groups share (stats.shared_level), since among several groups one
-    interval wholly outside is otherwise chance. Otherwise `inconclusive`, saying why."""
+    The penalty is the log ratio; three intervals read it. Without binding, pooled over the
+    groups (every GPU count of 3-4 and every other factor: stats.pooled_log_ratio), above 0:
+    there is one to remove. The change binding makes, the penalty without binding minus under
+    `local`, pooled the same way (stats.pooled_log_ratio_change), above 0: binding lowers it; a
+    penalty that binding leaves as it is stays within the tolerance when it is small, so only
+    this comparison tells removing it from leaving it alone. Under `local`, each group's own
+    interval below log(1 + tolerance): what is left is within the tolerance. `yes` needs all
+    three (each at 95 %). `no` where a group's penalty under local lies wholly above the
+    tolerance, `mixed` where another's then lies wholly below it and binding lowers the penalty:
+    those read intervals at the level the groups share (stats.shared_level), since among several
+    groups one interval wholly outside is otherwise chance. Otherwise `inconclusive`, saying why."""
     groups = _penalty_groups(spec, trials)
     if not groups:
         return "not run", "no 3-4 GPU trials of both loaders under both none and local"
     limit, k = math.log1p(tolerance), len(groups)
     unbound = stats.pooled_log_ratio([arms["none"] for arms in groups.values()])
+    change = stats.pooled_log_ratio_change([(arms["none"], arms["local"]) for arms in groups.values()])
     bound = {label: stats.log_contrast(arms["local"], (1.0, -1.0)) for label, arms in groups.items()}
     with stats.confidence_level(stats.shared_level(k)):
         shared = {label: stats.log_contrast(arms["local"], (1.0, -1.0)) for label, arms in groups.items()}
     left = [label for label, d in shared.items() if d.ci_lo > limit]
     gone = [label for label, d in shared.items() if d.ci_hi < limit]
-    exists = unbound.ci_lo > 0
+    exists, lowers = unbound.ci_lo > 0, change.ci_lo > 0
     if left:
-        answer = "mixed" if gone and exists else "no"
+        answer = "mixed" if gone and exists and lowers else "no"
     else:
-        answer = "yes" if exists and all(d.ci_hi < limit for d in bound.values()) else "inconclusive"
-    return answer, _penalty_why(unbound, bound, left, gone, tolerance, k)
+        within = all(d.ci_hi < limit for d in bound.values())
+        answer = "yes" if exists and lowers and within else "inconclusive"
+    return answer, _penalty_why(unbound, change, bound, left, gone, tolerance, k)
 
 
 Arms = dict[str, tuple[list[float], list[float]]]  # policy -> (T_torch, T_dali)
@@ -620,8 +626,9 @@ def level_percent(level: float) -> str:
     return f"{100 * level:.2f}".rstrip("0").rstrip(".")
 
 
-def _penalty_why(unbound: stats.Difference, bound: dict[str, stats.Difference], left: list[str],
-                 gone: list[str], tolerance: float, k: int) -> str:
+def _penalty_why(unbound: stats.Difference, change: stats.Difference,
+                 bound: dict[str, stats.Difference], left: list[str], gone: list[str],
+                 tolerance: float, k: int) -> str:
     def ratio(d: stats.Difference) -> str:
         return f"{math.exp(d.value):.3f}x [{math.exp(d.ci_lo):.3f}, {math.exp(d.ci_hi):.3f}]" \
             if not math.isnan(d.ci_lo) else "no interval"
@@ -629,6 +636,8 @@ def _penalty_why(unbound: stats.Difference, bound: dict[str, stats.Difference], 
     limit = math.log1p(tolerance)
     said = [f"penalty T_torch/T_dali without binding, over {k} group(s): {ratio(unbound)}"
             + ("" if unbound.ci_lo > 0 else ", not above 1: no penalty shown to remove"),
+            f"binding's change of it (penalty without / under local, over {k} group(s)): {ratio(change)}"
+            + ("" if change.ci_lo > 0 else ", not above 1: binding not shown to lower it"),
             f"under local, removed when below {1 + tolerance:g}: "
             + "; ".join(f"{label}: {ratio(d)}" for label, d in bound.items())]
     if k > 1:
@@ -674,13 +683,14 @@ def penalty_finding(spec: Spec, trials: pd.DataFrame, tolerance: float = PENALTY
                     policy: pd.DataFrame | None = None, with_evidence: bool = True) -> Finding:
     """Does `local` remove the DataLoader's 3-4 GPU penalty? The penalty is T_torch / T_dali under
     one policy (removes_penalty): `yes` when, at 3-4 GPUs, it is there without binding (the
-    interval pooled over the groups above 1) and within `tolerance` of 1 under local in every
-    group (each interval below 1 + tolerance); `no` only where a penalty wholly above the
-    tolerance remains under local; `inconclusive` otherwise, with why, and where a config it
-    reads cannot decide (held_penalty_configs, where `records` are given: too few ok trials,
-    none, a timed-out attempt); `not run` without 3-4 GPU trials of both loaders under both
-    policies. The evidence (`with_evidence`): every GPU count's ratios (the answer reads only
-    3-4 GPUs)."""
+    interval pooled over the groups above 1), binding lowers it (the pooled interval of the
+    penalty without binding over the penalty under it above 1) and it is within `tolerance` of
+    1 under local in every group (each interval below 1 + tolerance); `no` only where a penalty
+    wholly above the tolerance remains under local; `inconclusive` otherwise, with why, and
+    where a config it reads cannot decide (held_penalty_configs, where `records` are given: too
+    few ok trials, none, a timed-out attempt); `not run` without 3-4 GPU trials of both loaders
+    under both policies. The evidence (`with_evidence`): every GPU count's ratios (the answer
+    reads only 3-4 GPUs)."""
     removes, why = removes_penalty(spec, trials, tolerance)
     held = held_penalty_configs(spec, trials, records) if records is not None and removes != "not run" else ""
     if held:

@@ -120,10 +120,12 @@ VISION: dict[str, Param] = {
     "cudnn_benchmark": Param(bool, False, "torch.backends.cudnn.benchmark (default: false)"),
     "warmup_steps": Param(int, 5, "untimed steps before training; state restored after", minimum=0,
                           maximum=100_000),
-    "single_rank_ddp": Param(str, "lean", "how a one-rank trial wraps the model: lean (DDP without "
-                             "the per-forward buffer broadcast, gradients as bucket views), default "
-                             "(DDP with PyTorch's defaults) or none (no DDP); several ranks always "
-                             "use DDP with PyTorch's defaults, as the paper's DDP-DS",
+    # default: a grid over GPU counts compares 1 with 4 GPUs under the same DDP (the paper's
+    # DDP-DS); the one-GPU profiles (kick, first_evidence) set lean
+    "single_rank_ddp": Param(str, "default", "how a one-rank trial wraps the model: default (DDP "
+                             "with PyTorch's defaults, as the paper's DDP-DS), lean (DDP without "
+                             "the per-forward buffer broadcast, gradients as bucket views) or none "
+                             "(no DDP); several ranks always use DDP with PyTorch's defaults",
                              choices=("lean", "default", "none"), before="default"),
     "probe_steps": Param(int, 5, "steps profiled after the trial (nothing timed left) to read the GPU's "
                          "kernel time per step: the trial's GPU-bound or host-bound label; 0 = none",

@@ -65,8 +65,14 @@ def tally(events: Sequence[Any], steps: int, wall_s: float) -> dict[str, float]:
             "probe_wall_s_per_step": wall_s / steps}
 
 
-def probe(step: Callable[[], None], steps: int, synchronize: Callable[[], None]) -> dict[str, float]:
-    """Run `steps` steps under torch.profiler (the caller has warmed the step up) and tally them."""
+# what only a GPU's activity can count: null, not 0, where the probe ran without one
+GPU_COUNTS = ("probe_kernels_per_step", "probe_kernel_s_per_step", "probe_busy_s_per_step",
+              "probe_launches_per_step")
+
+
+def probe(step: Callable[[], None], steps: int, synchronize: Callable[[], None]) -> dict[str, float | None]:
+    """Run `steps` steps under torch.profiler (the caller has warmed the step up) and tally them;
+    without a GPU the GPU's counts are None (there was nothing to count them on)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -84,4 +90,7 @@ def probe(step: Callable[[], None], steps: int, synchronize: Callable[[], None])
         prof.export_chrome_trace(str(trace))
         doc = json.loads(trace.read_text(encoding="utf-8", errors="replace"))
     events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
-    return tally(events, steps, wall_s)
+    found: dict[str, float | None] = dict(tally(events, steps, wall_s))
+    if ProfilerActivity.CUDA not in activities:
+        found |= dict.fromkeys(GPU_COUNTS)
+    return found

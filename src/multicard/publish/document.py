@@ -16,14 +16,14 @@ from tabulate import tabulate
 
 import multicard
 from multicard import integrity
-from multicard.judge import claims, power, stats, summarize
+from multicard.judge import claims, operating_point, power, stats, summarize
 from multicard.measure import gpu_state
 from multicard.plan import cost
 from multicard.plan.spec import Spec
 from multicard.publish import html
 from multicard.publish.figures import plot_breakdown, plot_ladder, plot_primary, plot_time_and_energy
 from multicard.publish.formatting import idle_power_line, idle_power_text, label, run_nature
-from multicard.publish.runs import RunData, discover_runs, load_run, merge_shards
+from multicard.publish.runs import RunData, discover_runs, load_run, merge_shards, step_profiles
 from multicard.publish.tables import (
     display_effects,
     display_pause_table,
@@ -51,7 +51,8 @@ def write_report(dirs: list[Path], out: Path, claim_list: list[claims.Claim] | N
     numa_tolerance = next((p.tolerance for c in claim_list or [] for p in (c.parts or (c,))
                            if p.kind == "numa" and p.tolerance is not None), summarize.PENALTY_TOLERANCE)
     sections = [_environment_section(loaded, out), _reading_section(runs), _budget_section(dirs),
-                _claims_section(runs, claim_list, out), _energy_section(runs, questions, out)]
+                _claims_section(runs, claim_list, out), _operating_point_section(dirs, out),
+                _energy_section(runs, questions, out)]
     # the ladder's loader-only rung comes from the collection's loader_only runs
     loader_only: summarize.LoaderRates = {}
     for run in runs:
@@ -534,6 +535,43 @@ def _claim_reasons(table: pd.DataFrame) -> list[str]:
 def _collapsed(summary: str, body: str) -> str:
     """A section a reader opens when wanted (HTML <details>; GitHub and REPORT.html fold it)."""
     return f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>\n"
+
+
+# the step profile's columns as REPORT.md shows them: (title, key, scale to the unit shown)
+STEP_PROFILE_COLUMNS = (("precision", "precision", None), ("px", "image_size", None),
+                        ("batch", "batch_size", None), ("one-rank DDP", "single_rank_ddp", None),
+                        ("step (ms)", "step_s", 1e3), ("rank CPU (ms/step)", "rank_cpu_s_per_step", 1e3),
+                        ("kernels/step", "probe_kernels_per_step", None),
+                        ("kernel time (ms/step)", "probe_kernel_s_per_step", 1e3),
+                        ("GPU busy (ms/step)", "probe_busy_s_per_step", 1e3),
+                        ("ATen ops/step", "probe_aten_ops_per_step", None),
+                        ("GPU computing (%)", "gpu_busy_fraction", 1e2), ("bound", "bound", None))
+
+
+def _operating_point_section(dirs: list[Path], out: Path) -> str:
+    """first-evidence's step profile: where the GPU, and where the host, sets a step's pace."""
+    parts = []
+    for path, profile in step_profiles(dirs):
+        rows = [[_profile_cell(row.get(key), scale) for _, key, scale in STEP_PROFILE_COLUMNS]
+                for row in profile.get("rows", [])]
+        table = tabulate(rows, headers=[title for title, _, _ in STEP_PROFILE_COLUMNS], tablefmt="github")
+        parts.append(f"`{_rel(path, out)}` (device {profile.get('device')}, torch {profile.get('torch')}):"
+                     f"\n\n{table}\n")
+    if not parts:
+        return ""
+    return ("## Operating point\n\nThe step profile: each point's timed steps, then as many under "
+            "torch.profiler. GPU computing is the compute kernels' busy time over the step's wall "
+            f"time; `GPU-bound` from {operating_point.GPU_BOUND_AT:.0%}, `host-bound` below "
+            "(judge/operating_point.py); \"–\" where not measured (on CPU: no kernels).\n\n"
+            + "\n".join(parts))
+
+
+def _profile_cell(value: Any, scale: float | None) -> str:
+    if value is None:
+        return "–"
+    if scale is not None:
+        return f"{value * scale:.3g}"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _energy_section(runs: list[RunData], questions: list[claims.Claim] | None, out: Path) -> str:

@@ -124,3 +124,20 @@ def fitted_rates(path: Path) -> dict[str, calibrate.Rate]:
             if key not in rates or calibrate.better(rate, rates[key]):
                 rates[key] = rate
     return rates
+
+
+STEP_PROFILE = Path("operating_point") / "step_profile.json"  # first-evidence's step profile
+
+
+def step_profiles(dirs: list[Path]) -> list[tuple[Path, dict[str, Any]]]:
+    """The step profiles (workloads.step_profile's JSON) of the collections among `dirs`; a file
+    that does not parse is bad input, named."""
+    found = []
+    for d in dirs:
+        path = d / STEP_PROFILE
+        if path.is_file():
+            try:
+                found.append((path, json.loads(path.read_text())))
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}: not a step profile ({exc.msg}, line {exc.lineno})") from None
+    return found

@@ -121,27 +121,88 @@ def numa_world(name: str) -> power.World:
     return next(w for w in power.worlds(BY_ID["C10"].parts[1]) if w.name == name)
 
 
-@pytest.mark.parametrize(("name", "rule"), [
-    ("binding removes a 15 % penalty", lambda s: s.get("supported", 0) >= 0.8),
-    ("binding removes a 5 % penalty", lambda s: s.get("supported", 0) >= 0.8
+@pytest.mark.parametrize(("name", "n", "rule"), [
+    # the paper profile's four groups (2 layouts x 3-4 GPUs) must each show what is left within
+    # 5 %: 5 trials at 2 % noise read a removed penalty in about 0.6 of runs, 10 in all
+    ("binding removes a 15 % penalty", 10, lambda s: s.get("supported", 0) >= 0.8),
+    ("binding removes a 5 % penalty", 10, lambda s: s.get("supported", 0) >= 0.8
      and at_most(s.get("contradicted", 0), 0.025, 60)),
-    ("binding leaves 5 % of a 15 % penalty", lambda s: s.get("supported", 0) <= 0.05),
-    ("a 15 % penalty binding does not change", lambda s: s.get("contradicted", 0) >= 0.8),
+    ("binding leaves 5 % of a 15 % penalty", 10, lambda s: s.get("supported", 0) <= 0.05),
+    ("a 15 % penalty binding does not change", TRIALS, lambda s: s.get("contradicted", 0) >= 0.8),
     # no penalty at all: binding has none to remove, and "yes" errs only where the pooled
     # interval leaves 1 by chance (2.5 % at most): 200 draws tell that from more
-    ("no penalty", lambda s: at_most(s.get("supported", 0), 0.025, 200)
+    ("no penalty", TRIALS, lambda s: at_most(s.get("supported", 0), 0.025, 200)
      and at_most(s.get("contradicted", 0), 0.025, 200)),
 ])
-def test_the_numa_part_tests_what_it_says(name: str, rule: object) -> None:
-    found = shares(BY_ID["C10"].parts[1], numa_world(name), runs=200 if name == "no penalty" else 60)
+def test_the_numa_part_tests_what_it_says(name: str, n: int, rule: object) -> None:
+    part = BY_ID["C10"].parts[1]
+    found = power.characteristic(part, numa_world(name), [], "paper", EXPERIMENTS, n, CV,
+                                 200 if name == "no penalty" else 60, SEED).shares
     assert rule(found), found  # type: ignore[operator]
 
 
-@pytest.mark.parametrize("world", [w for w in power.worlds(BY_ID["C10"]) if w.role == "paper"],
-                         ids=lambda w: w.name)
-def test_c10_whole_reads_supported_where_binding_removes_a_15_or_a_5_percent_penalty(
-        world: power.World) -> None:
-    assert shares(BY_ID["C10"], world, runs=60).get("supported", 0) >= 0.8
+# --- C10: one penalty in both parts, binding compared with no binding ----------------------------
+
+C10 = BY_ID["C10"]
+C10_FACTS = power.outcome_facts(CLAIMS, C10)
+# the evaluation plan's trials per config: nhwc_layout@eval's and numa_binding@eval's own
+PLANNED = power.planned_counts(C10, "eval", EXPERIMENTS)
+
+
+def c10_world(start: str) -> power.World:
+    return next(w for w in power.worlds(C10) if w.name.startswith(start))
+
+
+def c10_supported(world: power.World, n: int, cv: float, runs: int = RUNS, profile: str = "paper",
+                  counts: dict[str, int] | None = None) -> float:
+    """P(supported) of the whole claim; below the profile's verdict minimum (5), the minimum
+    lowered to n, as a budget does."""
+    found = power.characteristic(C10, world, C10_FACTS, profile, EXPERIMENTS, n, cv, runs, SEED,
+                                 verdict_minimum=min(n, 5), counts=counts)
+    return found.shares.get("supported", 0.0)
+
+
+def test_c10s_worlds_draw_the_same_penalty_in_both_parts() -> None:
+    found = power.worlds(C10)
+    assert [w.role for w in found] == ["paper", "paper", "half", "none", "other", "other", "other"]
+    for world in found:
+        direction, numa = world.parts
+        assert direction.effect(0, 1) == pytest.approx(numa.penalty[0]), world.name
+    assert c10_world("binding changes nothing: a 3 %").parts[1].penalty == pytest.approx(
+        (math.log(1.03), math.log(1.03)))
+
+
+@pytest.mark.parametrize("penalty", [3, 5])
+@pytest.mark.parametrize(("n", "cv"), [(3, 0.02), (5, 0.005), (5, 0.02), (10, 0.02), (17, 0.02),
+                                       (20, 0.005), (20, 0.02)])
+def test_a_penalty_binding_leaves_as_it_is_is_not_read_as_removed_at_any_trial_count(
+        penalty: int, n: int, cv: float) -> None:
+    # 17 and 20: the judged rounds and all rounds of `--trials auto` (3 pilot rounds, at most 20);
+    # a 3 % or 5 % penalty is inside the removal band with and without binding alike
+    world = c10_world(f"binding changes nothing: a {penalty} % penalty")
+    assert c10_supported(world, n, cv, runs=60) <= 0.05
+
+
+@pytest.mark.parametrize(("n", "cv", "profile"), [(5, 0.02, "paper"), (20, 0.02, "paper"),
+                                                  (30, 0.02, "eval"), (30, 0.05, "eval")])
+def test_binding_that_leaves_5_of_a_15_percent_penalty_is_not_read_as_removed(
+        n: int, cv: float, profile: str) -> None:
+    counts = PLANNED if profile == "eval" else None
+    assert c10_supported(c10_world("binding leaves 5 %"), n, cv, runs=60, profile=profile,
+                         counts=counts) <= 0.05
+
+
+def test_where_binding_removes_the_penalty_c10_reads_supported_at_the_planned_trials_and_5_cv() -> None:
+    assert PLANNED == {"nhwc_layout": 5, "numa_binding": 30}
+    world = c10_world("binding removes a 15 % penalty")
+    assert c10_supported(world, PLANNED["numa_binding"], 0.05, runs=100, profile="eval",
+                         counts=PLANNED) >= 0.8
+
+
+@pytest.mark.parametrize("start", ["binding removes a 15 %", "binding removes a 5 %"])
+def test_where_binding_removes_the_penalty_c10_reads_supported_at_10_trials_of_the_paper_profile(
+        start: str) -> None:
+    assert c10_supported(c10_world(start), 10, CV, runs=60) >= 0.8
 
 
 @pytest.mark.parametrize("cid", ["C13", "C17"])

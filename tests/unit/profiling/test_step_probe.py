@@ -45,7 +45,8 @@ def test_the_probe_profiles_real_steps_and_counts_their_aten_ops() -> None:
         layer(x).sum().backward()
 
     found = step_probe.probe(step, steps=3, synchronize=lambda: None)
-    assert found["probe_kernels_per_step"] == 0 and found["probe_busy_s_per_step"] == 0
+    # no GPU: nothing to count kernels on, so their counts are null, not 0
+    assert all(found[key] is None for key in step_probe.GPU_COUNTS)
     # a linear layer's forward and backward and a sum: several ATen ops in every step
     assert found["probe_aten_ops_per_step"] >= 3
     assert found["probe_wall_s_per_step"] > 0

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from multicard.errors import InputError
 from multicard.plan import spec
 from multicard.publish import document, runs
 from multicard.run import store
@@ -465,3 +467,22 @@ def test_a_configs_energy_needs_3_trials_and_the_report_states_the_gpus_idle_pow
     assert "fewer read \"n < 3\"" in section
     assert "read before the first trial: GPU 0 61.25 W (5 s)." in section
 
+
+
+STEP_PROFILE = Path(__file__).resolve().parents[2] / "fixtures" / "step_profile" / "cpu_step_profile.json"
+
+
+def test_first_evidences_step_profile_is_a_section_of_the_report(tmp_path: Path) -> None:
+    assert document._operating_point_section([tmp_path], tmp_path) == ""  # no profile, no section
+    (tmp_path / "operating_point").mkdir()
+    shutil.copy(STEP_PROFILE, tmp_path / "operating_point" / "step_profile.json")
+    section = document._operating_point_section([tmp_path], tmp_path)
+    assert section.startswith("## Operating point") and "`GPU-bound` from 80%" in section
+    lines = [line for line in section.splitlines() if line.startswith("| fp32")]
+    assert len(lines) == 3  # one row per point: default, lean, none
+    cells = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert cells[:4] == ["fp32", "32", "8", "default"] and cells[9] == "6163"
+    assert cells[6] == cells[7] == cells[8] == cells[10] == cells[11] == "–"  # CPU: no kernels, no label
+    (tmp_path / "operating_point" / "step_profile.json").write_text("{")
+    with pytest.raises(InputError, match="not a step profile"):
+        document._operating_point_section([tmp_path], tmp_path)
