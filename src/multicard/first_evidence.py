@@ -4,7 +4,8 @@
     PYTHONPATH=src python3 -m multicard first-evidence             # run, report, verify
     PYTHONPATH=src python3 -m multicard first-evidence --out DIR   # again: go on where it stopped
 
-It needs Python, torch and torchvision (no nox, DALI or torchtune) and writes one collection,
+It needs Python, torch, torchvision and the small wheels NEEDED names (no nox, DALI or
+torchtune) and writes one collection,
 `artifact/runs/1x<gpu>-first-evidence-<UTC>/` by default:
 1. `operating_point/`: the step profile (multicard.workloads.step_profile) at 100, 224 and 300 px for
    FP64, FP32 and FP16 and the one-rank DDP wrappings at 224 px in FP32 (the trials at 224 px
