@@ -64,17 +64,27 @@ def stamp() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
-# The two tiers, which together hold every test once: the fast one is every unit test and one
+# The three tiers, which together hold every test once: the fast one is every unit test and one
 # end-to-end test per real component (marked `e2e`); the slow one is every other test that starts
-# real processes. GPU tests are in either and skip without CUDA.
+# real processes, but for the long ones (a minute or more each: plans and budgets checked on real
+# runs, multi-node faults), which CI leaves out to stay under 45 minutes. GPU tests are in any of
+# them and skip without CUDA.
 FAST_TIER = "not slow or e2e"
-SLOW_TIER = "slow and not e2e"
+SLOW_TIER = "slow and not e2e and not long"
+LONG_TIER = "slow and not e2e and long"
 
 
-def pytest_args(session: nox.Session, tier: str) -> list[str]:
-    """The session's extra args, or else the tier's selection of tests/ (naming its 15 slowest
+# Inside the image, what the image itself changes: each real component end to end (`e2e`) and the
+# fast tests of the modules that load its dependencies (DALI, torchvision, torchtune, NVML,
+# numactl, the profilers). The rest of the suite is pure Python the host's tiers already ran.
+IMAGE_TESTS = ("tests/integration", "tests/unit/loaders", "tests/unit/workloads", "tests/unit/measure",
+               "tests/unit/profiling", "tests/unit/data")
+
+
+def pytest_args(session: nox.Session, tier: str, paths: tuple[str, ...] = ("tests",)) -> list[str]:
+    """The session's extra args, or else the tier's selection of `paths` (naming its 15 slowest
     tests: where a tier's time goes is in every log)."""
-    return list(session.posargs) or ["-m", tier, "--durations=15", "tests"]
+    return list(session.posargs) or ["-m", tier, "--durations=15", *paths]
 
 
 @nox.session(python=False)
@@ -87,10 +97,18 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(name="tests-slow", python=False)
 def tests_slow(session: nox.Session) -> None:
-    """Every test the fast tier leaves out (real trials, signals, multi-node, the device check);
-    `nox -s tests tests-slow` runs the whole suite once. Extra args go to pytest as for `tests`."""
+    """Every test the fast tier leaves out (real trials, signals and timeouts, multi-node),
+    but for the long ones (`tests-long`). Extra args go to pytest as for `tests`."""
     python = dev_python(session)
     session.run(python, "-m", "pytest", *pytest_args(session, SLOW_TIER))
+
+
+@nox.session(name="tests-long", python=False)
+def tests_long(session: nox.Session) -> None:
+    """The long tests (a minute or more each) that neither other tier runs: `nox -s tests
+    tests-slow tests-long` runs the whole suite once. Extra args go to pytest as for `tests`."""
+    python = dev_python(session)
+    session.run(python, "-m", "pytest", *pytest_args(session, LONG_TIER))
 
 
 @nox.session(python=False)
@@ -219,12 +237,12 @@ def container(session: nox.Session) -> None:
     """Host side, podman as root: build an NGC-24.11-like stand-in base and the Dockerfile on it,
     run smoke and the CPU tests inside as a host user (uid 1000, no network, read-only root),
     verify on the host, build apptainer.def and run its %test (containers/podman_build.py).
-    Inside, the fast tier of the tests; extra args go to pytest there instead."""
+    Inside, the fast tier of IMAGE_TESTS; extra args go to pytest there instead."""
     if IN_CONTAINER:
         session.error("nox -s container builds images: run it on the host, not inside one")
     python = dev_python(session)
     session.run(python, str(ROOT / "containers" / "podman_build.py"),
-                *pytest_args(session, FAST_TIER), terminate_timeout=STOP_WAIT_S)
+                *pytest_args(session, FAST_TIER, IMAGE_TESTS), terminate_timeout=STOP_WAIT_S)
 
 
 @nox.session(python=False)

@@ -38,6 +38,7 @@ def multicard(*args: str | Path) -> subprocess.CompletedProcess[str]:
                           text=True, cwd=ROOT)
 
 
+@pytest.mark.long
 def test_a_budgeted_run_keeps_its_claims_configs_at_the_verdict_minimum(tmp_path: Path) -> None:
     path = write_spec(tmp_path, fixed=TINY_FIXED, grid={"precision": ["fp32", "bf16"], "gpus": [1, 2]},
                       trials={"count": 5, "min_ok": 3, "timeout_s": 300})

@@ -23,6 +23,7 @@ def plan(*args: str) -> str:
     return done.stdout
 
 
+@pytest.mark.long
 def test_a_measured_plan_is_within_a_quarter_of_the_runs_own_wall_time(tmp_path: Path) -> None:
     path = write_spec(tmp_path, fixed={**TINY_FIXED, "epochs": 2},
                       grid={"precision": ["fp32", "bf16"], "gpus": [1, 2]}, trials={"count": 2})

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.slow
 SCRIPT = ROOT / "benchmarks" / "device_check.py"
 
 
+@pytest.mark.long
 def test_a_check_the_budget_cuts_short_is_continued_by_a_second_call(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cpu-device-check"

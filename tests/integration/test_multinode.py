@@ -107,6 +107,7 @@ def test_two_consecutive_trials_meet_on_the_same_port(tmp_path: Path) -> None:
             pytest.approx(96)
 
 
+@pytest.mark.long
 def test_a_run_whose_node_1_died_mid_trial_resumes(tmp_path: Path) -> None:
     # The node dies on a sign of training, not after a delay: a fast machine finishes a short
     # trial within any fixed delay. The NUMA probe writes its snapshot mid-epoch 0; three more
@@ -136,6 +137,7 @@ def test_a_run_whose_node_1_died_mid_trial_resumes(tmp_path: Path) -> None:
     assert not (out / "nodes").exists()
 
 
+@pytest.mark.long
 def test_a_node_that_starts_90_s_late_is_waited_for(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 1, "timeout_s": 400})
     out = tmp_path / "run"
@@ -149,6 +151,7 @@ def test_a_node_that_starts_90_s_late_is_waited_for(tmp_path: Path) -> None:
     assert late > 88 and record["wall_s"] >= 90  # each part's own start-up adds a little jitter
 
 
+@pytest.mark.long
 def test_rank_0_is_on_node_0_when_node_1_starts_first(tmp_path: Path) -> None:
     # c10d would number the nodes by the order their agents sort in (host, then pid on one
     # host): node 1's agent, started first, would hold rank 0, and with it torchtune's logs.
@@ -165,6 +168,7 @@ def test_rank_0_is_on_node_0_when_node_1_starts_first(tmp_path: Path) -> None:
     assert [(r["rank"], r["node"]) for r in result["ranks"]] == [(0, 0), (1, 1)]
 
 
+@pytest.mark.long
 def test_a_planner_told_to_stop_mid_step_records_it_and_leaves_nothing_running(tmp_path: Path) -> None:
     # stopped on a sign of training (the NUMA probe's mid-epoch snapshot), not after a delay
     spec = training_spec(tmp_path, 1)
@@ -248,6 +252,7 @@ def test_trials_that_stop_starting_mid_run_stop_it(tmp_path: Path) -> None:
                for r in records)
 
 
+@pytest.mark.long
 def test_an_oom_on_node_1_is_recorded_as_node_1s_oom(tmp_path: Path) -> None:
     # the cgroup OOM killer of node 1 kills its rank mid-training (step 1: the first trial);
     # --kill-on-bad-exit then ends node 0's part, which is collateral, not the cause
@@ -263,6 +268,7 @@ def test_an_oom_on_node_1_is_recorded_as_node_1s_oom(tmp_path: Path) -> None:
     assert record["error"]["collateral"] == [0]  # ended after node 1, by itself or by srun
 
 
+@pytest.mark.long
 def test_the_nodes_run_their_own_python_inside_the_step_wrapper(tmp_path: Path) -> None:
     # The wrapper stands for `apptainer exec IMAGE`: it gives the node's part the image's PATH
     # (here this environment's bin/ first), and the step exports no PATH or PYTHONPATH of the

@@ -90,6 +90,7 @@ def test_a_stop_signal_ends_the_trial_records_it_and_a_resume_runs_it(
         assert [r["status"] for r in store.read(out / "trials.jsonl")] == ["interrupted", "ok"]
 
 
+@pytest.mark.long
 def test_sigterm_to_nox_reaches_the_run_and_its_trial(tmp_path: Path) -> None:
     path = write_spec(tmp_path, fixed=LONG, grid={"gpus": [2]}, trials={"count": 1, "timeout_s": 300})
     out = tmp_path / "run"

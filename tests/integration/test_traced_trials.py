@@ -20,6 +20,7 @@ from tests.helpers import DATA, ROOT, TINY_FIXED, write_spec
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.long
 def test_torch_traced_trials_are_extra_and_parsed(tmp_path: Path) -> None:
     path = write_spec(tmp_path, grid={"gpus": [2]}, trials={"count": 1, "trace": "torch",
                                                             "timeout_s": 300})
@@ -62,6 +63,7 @@ def test_nsys_without_nsys_is_refused_or_falls_back(tmp_path: Path) -> None:
     assert {r["trace"] for r in store.read(tmp_path / "b" / "trials.jsonl")} == {"none", "torch"}
 
 
+@pytest.mark.long
 def test_a_rank_under_a_wrapper_outlives_the_thread_that_forked_it(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # A stand-in `nsys` on PATH forks the rank from a helper thread that exits mid-training, as

@@ -27,6 +27,7 @@ def multicard(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=900)
 
 
+@pytest.mark.long
 def test_trials_auto_stops_by_its_rule_says_why_and_resumes_to_the_same_answer(tmp_path: Path) -> None:
     path = write_spec(tmp_path, grid={"precision": ["fp32", "bf16"]},
                       trials={"count": 1, "half_width": 0.9, "timeout_s": 300},
@@ -61,6 +62,7 @@ def test_trials_auto_stops_by_its_rule_says_why_and_resumes_to_the_same_answer(t
     assert f"{2 * (rounds - 2)} of 16 planned trials ok and judged, beside 4 ok pilot trials" in report
 
 
+@pytest.mark.long
 def test_a_harness_failure_makes_its_claim_invalid_and_the_report_shows_n_and_method(
         tmp_path: Path) -> None:
     # a Scenario B tree of 64 images: the config that asks it for 256 fails (a harness error, not

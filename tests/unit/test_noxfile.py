@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -57,6 +58,7 @@ def reproduce(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, cwd=ROOT)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_reproduce_with_a_budget_fits_or_says_no_plan_fits(tmp_path: Path) -> None:
     refused = reproduce("--budget", "1h", "--out", str(tmp_path / "new"))
@@ -77,6 +79,7 @@ def test_reproduce_with_a_budget_fits_or_says_no_plan_fits(tmp_path: Path) -> No
     assert late.returncode != 0 and "started without --budget" in late.stdout + late.stderr
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_whole_paper_fits_in_24_hours_and_says_what_each_claim_keeps(tmp_path: Path) -> None:
     fitted = reproduce("--budget", "24h", "--out", str(tmp_path / "new"))
@@ -90,14 +93,35 @@ def test_the_whole_paper_fits_in_24_hours_and_says_what_each_claim_keeps(tmp_pat
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.parametrize("long", [False, True])
 @pytest.mark.parametrize("slow", [False, True])
 @pytest.mark.parametrize("e2e", [False, True])
-def test_the_two_test_tiers_take_every_test_once(slow: bool, e2e: bool) -> None:
+def test_the_three_test_tiers_take_every_test_once(slow: bool, e2e: bool, long: bool) -> None:
     # a marker expression reads as Python's boolean syntax: each kind of test is in one tier
-    marks = {"slow": slow, "e2e": e2e}
-    chosen = [eval(tier, {}, marks) for tier in (NOXFILE.FAST_TIER, NOXFILE.SLOW_TIER)]
+    marks = {"slow": slow, "e2e": e2e, "long": long}
+    tiers = (NOXFILE.FAST_TIER, NOXFILE.SLOW_TIER, NOXFILE.LONG_TIER)
+    chosen = [eval(tier, {}, marks) for tier in tiers]
     assert chosen.count(True) == 1
     assert chosen[0] == (not slow or e2e)  # the fast tier: unit tests and the end-to-end ones
+    assert chosen[2] == (slow and long and not e2e)
+
+
+def test_every_long_test_is_a_slow_one() -> None:
+    # a `long` mark alone would put the test in the fast tier, which CI runs first
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        lines = path.read_text().split("\n")
+        module_slow = any(line.startswith("pytestmark") and "slow" in line for line in lines)
+        for i, line in enumerate(lines):
+            if line == "@pytest.mark.long":
+                assert module_slow or "@pytest.mark.slow" in lines[i + 1: i + 4], f"{path}:{i + 1}"
+
+
+def test_the_image_runs_every_end_to_end_test() -> None:
+    assert all((ROOT / path).is_dir() for path in NOXFILE.IMAGE_TESTS)
+    marked = [path.relative_to(ROOT) for path in (ROOT / "tests").rglob("test_*.py")
+              if re.search(r"^(@pytest\.mark\.e2e|pytestmark = .*pytest\.mark\.e2e)", path.read_text(), re.M)]
+    assert marked and all(any(path.is_relative_to(image) for image in NOXFILE.IMAGE_TESTS)
+                          for path in marked)
 
 
 def test_reproduce_can_decide_every_part_of_every_claim() -> None:

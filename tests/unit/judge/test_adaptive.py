@@ -169,16 +169,17 @@ def _fixed_n(counts: list[int], cv: float, rng: np.random.Generator) -> tuple[fl
 @pytest.mark.parametrize("cv", [0.01, 0.02])
 def test_the_rule_keeps_the_fixed_n_coverage_and_false_support_under_its_own_stopping(
         tmp_path: Path, cv: float) -> None:
-    """Equal arms (no effect: the boundary of a direction claim), 12 000 runs of auto:3..20
-    (about 4 and 9 judged rounds at CV 1 % and 2 %), each stopped by the rule: within 0.5 points
-    of the same interval at the same n fixed in advance."""
+    """Equal arms (no effect: the boundary of a direction claim), 4 000 runs of auto:3..20
+    (about 4 and 9 judged rounds at CV 1 % and 2 %), each stopped by the rule: within 1 point
+    of the same interval at the same n fixed in advance (about 3 standard errors of the
+    difference; optional stopping that mattered would cost several points)."""
     s = auto_spec(tmp_path, count="auto:3..20")
     rng = np.random.default_rng(24)
     aimed = adaptive.aims(s, [])
-    runs = [_judged(s, aimed, rng, cv) for _ in range(12_000)]
+    runs = [_judged(s, aimed, rng, cv) for _ in range(4_000)]
     counts = [n for _, _, n in runs]
     coverage = np.mean([lo <= 1 <= hi for lo, hi, _ in runs])
     support = np.mean([lo > 1 for lo, _, _ in runs])
     fixed_coverage, fixed_support = _fixed_n(counts, cv, np.random.default_rng(25))
-    assert abs(coverage - fixed_coverage) <= 0.005 and abs(support - fixed_support) <= 0.005
+    assert abs(coverage - fixed_coverage) <= 0.01 and abs(support - fixed_support) <= 0.01
     assert len(set(counts)) > 2  # the count adapted
