@@ -191,7 +191,8 @@ def _print_power(specs: list[Spec], paths: list[Path], cv: float) -> None:
         s = deciding[0]
         found = power.claim_power(claim_list, claim, s.profile, folder, cv,
                                   claims.timing_trials(s), 100, 0, needed=True,
-                                  verdict_minimum=s.min_ok)  # a budget plan's, where it lowered it
+                                  verdict_minimum=s.min_ok,  # a budget plan's, where it lowered it
+                                  counts=_planned_counts(claim, specs))
         weakest = power.weakest_paper(found)
         rows.append([claim.id, f"{s.name}@{s.profile}", found.trials,
                      found.skipped or (f"{weakest:.2f}" if weakest is not None else "–"),
@@ -200,6 +201,17 @@ def _print_power(specs: list[Spec], paths: list[Path], cv: float) -> None:
           "`multicard claims power` gives every world):")
     print(tabulate(rows, headers=["claim", "decided by", "trials", "P(supported) if the paper is "
                                   "right", "trials for 80 %"], tablefmt="github"))
+
+
+def _planned_counts(claim: Any, specs: list[Spec]) -> dict[str, int] | None:
+    """Each part's trials per config as the specs planned them, where the plan holds every part
+    and they differ (C10: the NUMA test's 30 beside nhwc_layout's 5); else None."""
+    from multicard.judge import claims
+
+    parts = claim.parts or (claim,)
+    planned = {p.experiment: claims.timing_trials(s) for p in parts for s in specs if claims.can_decide(p, s)}
+    whole = len(planned) == len({p.experiment for p in parts})
+    return planned if whole and len(set(planned.values())) > 1 else None
 
 
 def _claims_folder(paths: list[Path]) -> Path:

@@ -848,15 +848,16 @@ def span_band(claim: Claim) -> tuple[float, float]:
 
 
 def _one_sided(lo: float, hi: float, side: str, minimum: float) -> str:
-    """An interval of a log ratio against a claimed side: supported when it lies wholly on that
-    side of 0, contradicted when it lies wholly short of log(1 + minimum) on that side (no effect
-    of the size that matters, or one the other way), else inconclusive."""
+    """An interval of a log ratio against a claimed side: contradicted when it lies wholly short of
+    log(1 + minimum) on that side (no effect of the size that matters, or one the other way, even
+    where an effect too small to matter is shown), else supported when it lies wholly on that side
+    of 0, else inconclusive. The two readings never hold at once."""
     if side == "below":
         lo, hi = -hi, -lo
-    if lo > 0:
-        return "supported"
     if hi < math.log1p(minimum):
         return "contradicted"
+    if lo > 0:
+        return "supported"
     return "inconclusive"
 
 

@@ -428,7 +428,10 @@ def claims_power(claim_list: list[claims.Claim], profile: str, experiments: Path
 def claim_power(claim_list: list[claims.Claim], claim: claims.Claim, profile: str,
                  experiments: Path, cv: float, trials: int | None, runs: int, seed: int,
                  needed: bool, verdict_minimum: int | None = None,
-                 roles: tuple[str, ...] = (*ROLES, "other")) -> ClaimPower:
+                 roles: tuple[str, ...] = (*ROLES, "other"),
+                 counts: Mapping[str, int] | None = None) -> ClaimPower:
+    """At `trials` per config in every experiment, or at `counts` (each experiment's own, as a
+    plan that runs C10's two parts apart has them), or else at the profile's own counts."""
     if not simulable(claim):
         return ClaimPower(claim, cv, trials or 0, skipped="reads trace metrics: not simulated")
     try:
@@ -438,9 +441,9 @@ def claim_power(claim_list: list[claims.Claim], claim: claims.Claim, profile: st
     if not all(claims.device_ok(p, s) for p, s in zip(_parts(claim), specs, strict=True)):
         return ClaimPower(claim, cv, trials or 0,
                           skipped=f"the {profile} profile runs on another device than the claim's")
-    n = trials or max(s.trials for s in specs)
-    # the profile's own counts: each experiment at its own (C10's two run apart)
-    counts = None if trials else {p.experiment: s.trials for p, s in zip(_parts(claim), specs, strict=True)}
+    n = max(counts.values()) if counts else trials or max(s.trials for s in specs)
+    if counts is None and not trials:  # the profile's own counts: each experiment at its own
+        counts = {p.experiment: s.trials for p, s in zip(_parts(claim), specs, strict=True)}
     facts = outcome_facts(claim_list, claim)
     rows = tuple(characteristic(claim, w, facts, profile, experiments, n, cv, runs, seed, verdict_minimum,
                                 counts)

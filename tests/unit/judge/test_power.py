@@ -279,3 +279,19 @@ def test_a_claim_on_settings_a_profile_fixes_is_drawn_as_the_judge_reads_it() ->
     found = power.characteristic(claim, paper, power.outcome_facts(CLAIMS, claim), "eval_500",
                                  EXPERIMENTS, TRIALS, CV, 20, SEED)
     assert found.shares.get("supported", 0.0) == 1.0
+
+
+def test_a_plan_that_runs_c10s_parts_apart_is_powered_at_each_parts_own_trials(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from multicard import cli
+    from multicard.plan import spec
+
+    numa = spec.load(EXPERIMENTS / "numa_binding.toml", "eval")
+    nhwc = spec.load(EXPERIMENTS / "nhwc_layout.toml", "eval")
+    assert cli._planned_counts(BY_ID["C10"], [numa, nhwc]) == {"numa_binding": 30, "nhwc_layout": 5}
+    assert cli._planned_counts(BY_ID["C10"], [numa]) is None  # the other part is not in the plan
+    seen: list[object] = []
+    monkeypatch.setattr(power, "characteristic", lambda *args: seen.append(args[-1]) or args)
+    found = power.claim_power(CLAIMS, BY_ID["C10"], "eval", EXPERIMENTS, CV, 30, 1, SEED, needed=False,
+                              counts={"numa_binding": 30, "nhwc_layout": 5})
+    assert found.trials == 30 and seen and all(c == {"numa_binding": 30, "nhwc_layout": 5} for c in seen)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -83,3 +84,15 @@ def test_each_config_carries_its_trials_operating_point_into_the_tables() -> Non
     cpu = trials.assign(operating_point=None)
     assert "operating point" not in tables.headline_table(
         s, summarize.config_table(s, cpu, summarize.failures(s, [])))
+
+
+@pytest.mark.parametrize("metric", ["gpu_util_mean", "gpu_busy_fraction"])
+def test_a_gpus_busy_share_keeps_its_interval_under_100_percent(metric: str) -> None:
+    # three trials at 97-100 % busy: a log-normal interval of their mean would pass 100 %
+    s = replace(spec.load(EXPERIMENTS / "table2_precision.toml"), metrics=["train_time_s", metric])
+    cid = next(cid for cid, c, _ in spec.configs(s) if c["precision"] == "fp32")
+    trials = pd.DataFrame({"precision": "fp32", "gpus": 1, "config_id": cid, "trial": [0, 1, 2],
+                           "train_time_s": [5.0, 5.1, 5.2], metric: [0.97, 1.0, 0.99]})
+    row = summarize.config_table(s, trials, summarize.failures(s, [])).set_index("config_id").loc[cid]
+    assert stats.mean_ci([0.97, 1.0, 0.99])[1] > 1  # what it would read as a time's interval
+    assert 0 < row[f"{metric}.ci_lo"] < row[f"{metric}.mean"] < row[f"{metric}.ci_hi"] <= 1
