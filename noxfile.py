@@ -75,10 +75,11 @@ LONG_TIER = "slow and not e2e and long"
 
 
 # Inside the image, what the image itself changes: each real component end to end (`e2e`) and the
-# fast tests of the modules that load its dependencies (DALI, torchvision, torchtune, NVML,
-# numactl, the profilers). The rest of the suite is pure Python the host's tiers already ran.
+# fast tests of the modules that load its dependencies (DALI, torchvision, torchtune, torch's
+# launcher and TF32 defaults, NVML, numactl, the profilers). The rest of the suite reads no
+# dependency the image swaps, and the host's tiers ran it.
 IMAGE_TESTS = ("tests/integration", "tests/unit/loaders", "tests/unit/workloads", "tests/unit/measure",
-               "tests/unit/profiling", "tests/unit/data")
+               "tests/unit/profiling", "tests/unit/data", "tests/unit/plan", "tests/unit/test_plain_loop.py")
 
 
 def pytest_args(session: nox.Session, tier: str, paths: tuple[str, ...] = ("tests",)) -> list[str]:

@@ -10,8 +10,9 @@ pull NGC.
    artifact/container/<UTC>/ bound at /opt/multicard/artifact, as the README's
    `--user "$(id -u):$(id -g)"` runs it), with no network and a read-only root: first a check that
    a uid that cannot write artifact/ is stopped with the one-line fix, then `nox -s smoke`, then
-   the CPU test suite (tests/ bound read-only into an image that adds pytest). Back on the host:
-   every experiment's smoke run is there, owned by that user, and `multicard verify` passes.
+   the CPU tests `nox -s container` names (tests/ bound read-only into an image that adds
+   pytest). Back on the host: every experiment's smoke run is there, owned by that user, and
+   `multicard verify` passes.
 4. apptainer.def built as Apptainer would build it (containers/apptainer_def.py) on the same base,
    and its %test run.
 

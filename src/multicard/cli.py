@@ -189,12 +189,14 @@ def _print_power(specs: list[Spec], paths: list[Path], cv: float) -> None:
         if not deciding:
             continue
         s = deciding[0]
+        counts = _planned_counts(claim, specs)
         found = power.claim_power(claim_list, claim, s.profile, folder, cv,
                                   claims.timing_trials(s), 100, 0, needed=True,
                                   verdict_minimum=s.min_ok,  # a budget plan's, where it lowered it
-                                  counts=_planned_counts(claim, specs))
+                                  counts=counts)
         weakest = power.weakest_paper(found)
-        rows.append([claim.id, f"{s.name}@{s.profile}", found.trials,
+        trials = ", ".join(f"{n} ({e})" for e, n in counts.items()) if counts else found.trials
+        rows.append([claim.id, f"{s.name}@{s.profile}", trials,
                      found.skipped or (f"{weakest:.2f}" if weakest is not None else "–"),
                      found.needed if found.needed is not None else ("> 30" if found.searched else "–")])
     print(f"\npower at CV {cv:.1%} (100 seeded draws per world through the judge; "

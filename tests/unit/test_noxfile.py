@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -106,18 +107,34 @@ def test_the_three_test_tiers_take_every_test_once(slow: bool, e2e: bool, long: 
     assert chosen[2] == (slow and long and not e2e)
 
 
+def _marks(nodes: list[ast.expr]) -> set[str]:
+    """The names of `pytest.mark.X` among decorators or a `pytestmark` value (a list or one)."""
+    found = set()
+    for node in nodes:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Attribute) and ast.unparse(sub.value) == "pytest.mark":
+                found.add(sub.attr)
+    return found
+
+
 def test_every_long_test_is_a_slow_one() -> None:
     # a `long` mark alone would put the test in the fast tier, which CI runs first
+    unslowed = []
     for path in (ROOT / "tests").rglob("test_*.py"):
-        lines = path.read_text().split("\n")
-        module_slow = any(line.startswith("pytestmark") and "slow" in line for line in lines)
-        for i, line in enumerate(lines):
-            if line == "@pytest.mark.long":
-                assert module_slow or "@pytest.mark.slow" in lines[i + 1: i + 4], f"{path}:{i + 1}"
+        tree = ast.parse(path.read_text())
+        module = _marks([n.value for n in tree.body if isinstance(n, ast.Assign)
+                         and any(ast.unparse(t) == "pytestmark" for t in n.targets)])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                marks = module | _marks(node.decorator_list)
+                if "long" in marks and "slow" not in marks:
+                    unslowed.append(f"{path.relative_to(ROOT)}::{node.name}")
+    assert unslowed == []
+    assert "long" in _marks([ast.parse("@pytest.mark.long\ndef f(): pass").body[0].decorator_list[0]])
 
 
 def test_the_image_runs_every_end_to_end_test() -> None:
-    assert all((ROOT / path).is_dir() for path in NOXFILE.IMAGE_TESTS)
+    assert all((ROOT / path).exists() for path in NOXFILE.IMAGE_TESTS)
     marked = [path.relative_to(ROOT) for path in (ROOT / "tests").rglob("test_*.py")
               if re.search(r"^(@pytest\.mark\.e2e|pytestmark = .*pytest\.mark\.e2e)", path.read_text(), re.M)]
     assert marked and all(any(path.is_relative_to(image) for image in NOXFILE.IMAGE_TESTS)

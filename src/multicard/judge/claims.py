@@ -27,8 +27,9 @@ ratio, the effect):
   ratio) as log ratios, widened by the tolerance as a share of the effect, the end nearer no
   effect towards it and the other away (span_band): every group's interval inside supports it,
   one wholly outside contradicts it;
-- `direction`: supported when the interval lies on the claimed side of 1; contradicted when it
-  lies wholly short of 1 + tol on that side (no effect of the size that matters, or the other way);
+- `direction`: contradicted when the interval lies wholly short of 1 + tol on the claimed side (no
+  effect of the size that matters, one too small to matter, or the other way); else supported
+  when it lies on that side of 1;
 - `negligible` (within 1 +- tol), `not_worse` (C3: mean(against) - mean(compare) at most tol, in
   the metric's units), `shrinks` (C6: the change of the log ratio from the fewest to the most
   GPUs, by one Welch interval, read as `direction` reads a ratio);
@@ -981,8 +982,8 @@ def _levels(wanted: Any) -> list[Any]:
 
 def _shrinks(claim: Claim, runs: list[Results]) -> Verdict:
     """The ratio at the fewest against the most of `along` (GPUs), by one Welch interval of the
-    change of its log (stats.log_ratio_change), read as `direction` reads a ratio: supported when
-    the change is above 0, contradicted when it lies wholly short of the tolerance."""
+    change of its log (stats.log_ratio_change), read as `direction` reads a ratio: contradicted
+    when it lies wholly short of the tolerance, else supported when it is above 0."""
     groups: list[Evidence] = []
     decisions: list[str] = []
     for run in runs:

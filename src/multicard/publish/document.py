@@ -725,7 +725,7 @@ def criterion_text(claim: claims.Claim) -> str:
         return f"{low:.3g}-{high:.3g}{unit} (the paper's {paper} ± {tol:.0%} of its effect)"
     if claim.kind == "direction":
         side = "above" if claim.side == "above" else "below"
-        return f"ratio {side} 1; contradicted short of {tol:.0%} that way"
+        return f"ratio {side} 1, reaching {tol:.0%} that way; contradicted wholly short of it"
     if claim.kind == "negligible" and claim.quantity != "ratio":
         low, high = (claims.from_log_ratio(claim.quantity, math.log1p(x)) for x in (-(tol or 0), tol or 0))
         reading = claims.READINGS[claim.quantity].split(" (")[0]
@@ -735,7 +735,8 @@ def criterion_text(claim: claims.Claim) -> str:
     if claim.kind == "not_worse":
         return f"loss at most {100 * (tol or 0):g} point(s)"
     if claim.kind == "shrinks":
-        return f"log ratio falls from the fewest to the most {claim.along}; contradicted short of {tol:.0%}"
+        return (f"log ratio falls from the fewest to the most {claim.along}, reaching {tol:.0%}; "
+                f"contradicted wholly short of it")
     if claim.kind == "numa":
         return f"penalty T_torch/T_dali above 1 unbound, within {tol:.0%} of 1 under local"
     if claim.kind == "outcome":

@@ -292,6 +292,6 @@ def test_a_plan_that_runs_c10s_parts_apart_is_powered_at_each_parts_own_trials(
     assert cli._planned_counts(BY_ID["C10"], [numa]) is None  # the other part is not in the plan
     seen: list[object] = []
     monkeypatch.setattr(power, "characteristic", lambda *args: seen.append(args[-1]) or args)
-    found = power.claim_power(CLAIMS, BY_ID["C10"], "eval", EXPERIMENTS, CV, 30, 1, SEED, needed=False,
+    found = power.claim_power(CLAIMS, BY_ID["C10"], "eval", EXPERIMENTS, CV, 5, 1, SEED, needed=False,
                               counts={"numa_binding": 30, "nhwc_layout": 5})
     assert found.trials == 30 and seen and all(c == {"numa_binding": 30, "nhwc_layout": 5} for c in seen)

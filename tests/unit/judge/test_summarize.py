@@ -86,9 +86,10 @@ def test_each_config_carries_its_trials_operating_point_into_the_tables() -> Non
         s, summarize.config_table(s, cpu, summarize.failures(s, [])))
 
 
-@pytest.mark.parametrize("metric", ["gpu_util_mean", "gpu_busy_fraction"])
+@pytest.mark.parametrize("metric", ["gpu_util_mean"])
 def test_a_gpus_busy_share_keeps_its_interval_under_100_percent(metric: str) -> None:
-    # three trials at 97-100 % busy: a log-normal interval of their mean would pass 100 %
+    # three trials at 97-100 % NVML utilisation: a log-normal interval of their mean would pass
+    # 100 % (the step probe's gpu_busy_fraction is not one of these: measured, it can exceed 1)
     s = replace(spec.load(EXPERIMENTS / "table2_precision.toml"), metrics=["train_time_s", metric])
     cid = next(cid for cid, c, _ in spec.configs(s) if c["precision"] == "fp32")
     trials = pd.DataFrame({"precision": "fp32", "gpus": 1, "config_id": cid, "trial": [0, 1, 2],
