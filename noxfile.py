@@ -268,15 +268,16 @@ PAPER_RUNS = (
     ("figure6_loaders", "paper"),
     ("figure6_loaders", "loader_only"), ("nhwc_layout", "paper"), ("numa_binding", "paper"),
     ("numa_binding", "controls"), ("numa_binding", "dali_affinity"), ("table4_llm_methods", "paper"),
-    ("table4_llm_methods", "traced"), ("table5_llm_pin_memory", "paper"),
+    ("table4_llm_methods", "datasets"), ("table4_llm_methods", "traced"), ("table5_llm_pin_memory", "paper"),
 )
 # The rates the last kick-the-tires measured, read by every plan of reproduce and kick-the-tires
 CALIBRATION = RUNS / "calibration.json"
 BUDGET_PLAN = "budget.json"  # in a collection run with --budget D: what each run kept and gave up
 # One GPU, est. 47 minutes: C1-C3 (precision), C5 (pin_memory), the loaders vs the bound.
 KICK_RUNS = (("table2_precision", "kick"), ("table3_pin_memory", "kick"), ("figure6_loaders", "kick"))
-# Four GPUs, est. 8 h 15 min: the multi-card claims C5-C19 (LLM with random weights), 5 trials per
-# config (3 traced for C18, 30 for the NUMA test of C10); C1-C4 are kick-the-tires' and reproduce's.
+# Four GPUs, est. 15 h 02 min: the multi-card claims C5-C19 (LLM with random weights), each
+# experiment at the trials per config its claims need for 80 % power at 5 % noise (8-30; 3 traced
+# for C18); C1-C4 are kick-the-tires' and reproduce's.
 EVAL_RUNS = (
     ("table2_precision", "eval"), ("table3_pin_memory", "eval"), ("figure6_loaders", "eval"),
     ("figure6_loaders", "eval_500"), ("nhwc_layout", "eval"), ("numa_binding", "eval"),
@@ -375,7 +376,7 @@ def kick_the_tires(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def evaluate(session: nox.Session) -> None:
-    """Est. 8 h 15 min on 4 GPUs: the multi-card claims C5-C19 (LLM with random weights), plan and
+    """Est. 15 h 02 min on 4 GPUs: the multi-card claims C5-C19 (LLM with random weights), plan and
     each claim's power first (`-- --dry-run` stops there), into artifact/runs/evaluate-<UTC>/."""
     _run_collection(session, EVAL_RUNS, "evaluate", power=True)
 

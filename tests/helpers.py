@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import tomli_w
@@ -77,3 +78,23 @@ def trial_timeout(default_s: float) -> float:
 
     ends = deadline()
     return default_s if ends is None else max(30.0, min(default_s, ends - time.time() + 30.0))
+
+
+def gpu_run(directory: Path, experiment: str, times: dict[tuple[Any, ...], list[float]],
+            metric: str) -> Path:
+    """A run of a shipped experiment's paper profile (device cuda) with hand-made records."""
+    from multicard.plan import spec
+    from multicard.run import store
+
+    s = spec.load(EXPERIMENTS / f"{experiment}.toml")
+    directory.mkdir(parents=True)
+    (directory / "spec.toml").write_text(spec.to_toml(s))
+    ids = {tuple(c.values()): (cid, c) for cid, c, _ in spec.configs(s)}
+    for key, values in times.items():
+        cid, config = ids[key]
+        for trial, t in enumerate(values):
+            store.append(directory / "trials.jsonl", {
+                "schema": 1, "experiment": s.name, "config_id": cid, "config": config,
+                "trial": trial, "status": "ok", "started": "2026-01-01T00:00:00+00:00",
+                "wall_s": 3600.0, "metrics": {metric: t}, "error": None, "artifacts": []})
+    return directory

@@ -53,7 +53,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   sum(p.trace != "none" for p in planned) // max(1, len(spec.configs(s)))
                   for s, planned in zip(specs, plans, strict=True)]
         return _print_budget(specs, traced, [path for path, _ in args.spec], rates, args.budget,
-                             args.save_budget, args.cv)
+                             args.save_budget, _plan_cv(args))
     wall = device_hours = 0.0
     for s, planned in zip(specs, plans, strict=True):
         seconds, hours = _print_plan(s, planned, table=len(specs) == 1 and not args.summary, rates=rates)
@@ -65,8 +65,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"wall, {device_hours:.2f} device-hours (GPU-hours for cuda specs).")
     _print_decidable(specs, [path for path, _ in args.spec])
     if args.power:
-        _print_power(specs, [path for path, _ in args.spec], args.cv)
+        _print_power(specs, [path for path, _ in args.spec], _plan_cv(args))
     return 0
+
+
+def _plan_cv(args: argparse.Namespace) -> tuple[float, str]:
+    """The trial-to-trial CV a plan's power assumes, and where it comes from: --cv, else the
+    --calibrate runs' own (the median over their configs), else DEFAULT_POWER_CV, said to be assumed."""
+    if args.cv is not None:
+        return args.cv, "given with --cv"
+    if (found := _calibrated_noise(args.calibrate)) is not None:
+        return found
+    return DEFAULT_POWER_CV, ("assumed, not measured: --calibrate RUN or --cv X gives the noise of "
+                              "your node")
 
 
 def _load_spec(path: Path, profile: str, settings: dict[str, Any], args: argparse.Namespace) -> Spec:
@@ -91,7 +102,8 @@ def _calibration(paths: list[Path], save: Path | None) -> dict[str, Any]:
         raise InputError("plan: --save-calibration FILE needs --calibrate RUN... (nothing to save)")
     rates = calibration(paths)
     if save is not None:
-        calibrate.save(rates, save)
+        dirs = [p for p in paths if p.is_dir()]
+        calibrate.save(rates, save, _runs_noise(dirs) if dirs else None)
         print(f"calibration: {len(rates)} rate(s) saved to {save}", file=sys.stderr)
     return rates
 
@@ -174,15 +186,17 @@ def _decided_text(claim_list: list[Any], specs: list[Spec], empty: str, all_part
     return ", ".join(texts) or empty
 
 
-def _print_power(specs: list[Spec], paths: list[Path], cv: float) -> None:
+def _print_power(specs: list[Spec], paths: list[Path], noise: tuple[float, str]) -> None:
     """Each claim the specs can decide: P(supported) where the paper is right at the trials of
-    the spec that decides it, and the fewest trials for 80 % (power.py, seed 0, 100 draws)."""
+    the spec that decides it, and the fewest trials for 80 % (power.py, seed 0, 100 draws); below
+    80 % the claim is underpowered, not decidable, at this plan and noise."""
     from tabulate import tabulate
 
     from multicard.judge import claims, power
 
     claim_list = _claims_beside(paths, questions=False)
     folder = _claims_folder(paths)
+    cv, source = noise
     rows = []
     for claim in claim_list:
         deciding = [s for s in specs for part in (claim.parts or (claim,)) if claims.can_decide(part, s)]
@@ -198,11 +212,21 @@ def _print_power(specs: list[Spec], paths: list[Path], cv: float) -> None:
         trials = ", ".join(f"{n} ({e})" for e, n in counts.items()) if counts else found.trials
         rows.append([claim.id, f"{s.name}@{s.profile}", trials,
                      found.skipped or (f"{weakest:.2f}" if weakest is not None else "–"),
-                     found.needed if found.needed is not None else ("> 30" if found.searched else "–")])
-    print(f"\npower at CV {cv:.1%} (100 seeded draws per world through the judge; "
+                     found.needed if found.needed is not None else ("> 30" if found.searched else "–"),
+                     power_reading(weakest)])
+    print(f"\npower at CV {cv:.1%} ({source}; 100 seeded draws per world through the judge; "
           "`multicard claims power` gives every world):")
     print(tabulate(rows, headers=["claim", "decided by", "trials", "P(supported) if the paper is "
-                                  "right", "trials for 80 %"], tablefmt="github"))
+                                  "right", "trials for 80 %", "at this plan"], tablefmt="github"))
+
+
+POWER_TARGET = 0.8  # a claim the plan gives less power than this is underpowered, not decidable
+
+
+def power_reading(weakest: float | None) -> str:
+    if weakest is None:
+        return "–"
+    return "decidable" if weakest >= POWER_TARGET else f"underpowered (< {POWER_TARGET:.2f})"
 
 
 def _planned_counts(claim: Any, specs: list[Spec]) -> dict[str, int] | None:
@@ -249,7 +273,7 @@ def _budget_power(claim_list: list[Any], folder: Path, cv: float) -> Callable[[A
 
 
 def _print_budget(specs: list[Spec], traced: list[int], paths: list[Path], rates: dict[str, Any],
-                  text: str, save: Path | None, cv: float = 0.02) -> int:
+                  text: str, save: Path | None, noise: tuple[float, str]) -> int:
     """Fit the specs into the budget and say what each experiment and claim gave up (saved to
     `save` for `run --budget-plan`); 1 when no plan fits (nothing saved, the least plan said)."""
     from multicard.judge import budget
@@ -265,6 +289,7 @@ def _print_budget(specs: list[Spec], traced: list[int], paths: list[Path], rates
     def estimate(workload: str, settings: Any, trace: str) -> float:
         return calibrate.estimate(workload, settings, rates, trace).seconds
 
+    cv = noise[0]
     power = _budget_power(claim_list, _claims_folder(paths), cv)
     chosen = budget.fit(experiments, seconds, estimate, power)
     full = budget.fit(experiments, float("inf"), estimate)
@@ -281,7 +306,7 @@ def _print_budget(specs: list[Spec], traced: list[int], paths: list[Path], rates
         print(f"  {e.name}: {choice.trials} trial(s) x {len(choice.configs)} configs"
               f"{f', {choice.epochs} epochs' if choice.epochs is not None else ''}, "
               f"{format_duration(choice.seconds(estimate))}: {'; '.join(lost[e.name]) or 'nothing given up'}")
-    _print_claims_given_up(chosen.choices, claim_list, power, cv)
+    _print_claims_given_up(chosen.choices, claim_list, power, noise)
     if not chosen.fits:
         return 1
     if save is not None:
@@ -291,26 +316,35 @@ def _print_budget(specs: list[Spec], traced: list[int], paths: list[Path], rates
 
 
 def _print_claims_given_up(choices: tuple[Any, ...], claim_list: list[Any],
-                           power: Callable[[Any, int], float | None], cv: float) -> None:
-    """Per claim, what the experiments it reads gave up (dropped configs are none it reads), and
-    where their trials went down, its power where the paper is right before and after."""
+                           power: Callable[[Any, int], float | None], noise: tuple[float, str]) -> None:
+    """Per claim, what the experiments it reads gave up (dropped configs are none it reads), its
+    power where the paper is right (before and after, where their trials went down), and whether
+    the plan can still decide it: below POWER_TARGET it is listed as underpowered."""
     from multicard.judge import budget
 
+    cv, source = noise
     lost = {c.experiment.name: budget.given_up(c, by_claims=True) for c in choices}
+    underpowered = []
     for claim in claim_list:
         mine = [c for c in choices if claim.id in c.experiment.claims]
         gone = [f"{c.experiment.name}: {'; '.join(lost[c.experiment.name])}" for c in mine
                 if lost[c.experiment.name]]
-        cut = [c for c in mine if c.trials < c.experiment.trials]
         shown = ""
-        if cut:  # at the fewest trials among its experiments, in all of them (conservative)
-            fewest = min(cut, key=lambda c: c.trials)
+        if mine:  # at the fewest trials among its experiments, in all of them (conservative)
+            fewest = min(mine, key=lambda c: c.trials)
             one = replace(fewest.experiment, claims=(claim.id,))
             before, after = power(one, one.trials), power(one, fewest.trials)
-            if before is not None and after is not None:
-                shown = f" [P(supported) where the paper is right, CV {cv:.0%}: {before:.2f} -> {after:.2f}]"
+            if after is not None:
+                change = f"{before:.2f} -> {after:.2f}" if before is not None and before != after \
+                    else f"{after:.2f}"
+                shown = f" [P(supported) where the paper is right: {change}]"
+                if after < POWER_TARGET:
+                    underpowered.append(f"{claim.id} ({after:.2f})")
+                    shown += " underpowered: not decidable at this budget"
         print(f"  {claim.id}: {' | '.join(gone) if gone else 'nothing given up'}{shown}"
               f"{'' if mine else ' (no experiment of this plan reads it)'}")
+    print(f"power at CV {cv:.1%} ({source}); underpowered (P(supported) where the paper is right "
+          f"< {POWER_TARGET:.2f}): {', '.join(underpowered) or 'none'}")
 
 
 def _estimate_json(found: Any) -> dict[str, Any]:
@@ -558,16 +592,37 @@ def cmd_claims_power(args: argparse.Namespace) -> int:
     return 0
 
 
-def _measured_cv(dirs: list[Path]) -> tuple[list[float], str]:
+def _measured_cv(paths: list[Path]) -> tuple[list[float], str]:
+    found = _calibrated_noise(paths)
+    if found is None:
+        named = ", ".join(map(str, paths))
+        raise InputError(f"claims power: --calibrate: no config with 2 ok trials in {named}, and no "
+                         "noise saved in a calibration file among them")
+    return [found[0]], f"{found[0]:.1%} {found[1]}"
+
+
+def _calibrated_noise(paths: list[Path]) -> tuple[float, str] | None:
+    """The trial-to-trial CV of the finished runs among `paths`, else the one a calibration file
+    among them saved, with where it comes from; None without either."""
+    from multicard.plan import calibrate
+
+    dirs = [p for p in paths if p.is_dir()]
+    if dirs and (found := _runs_noise(dirs)) is not None:
+        return found[0], f"measured: the median over {found[1]} config(s) of the --calibrate runs"
+    for saved in (p for p in paths if p.is_file()):
+        if (noise := calibrate.load_noise(saved)) is not None:
+            return noise[0], f"measured: the median over {noise[1]} config(s), saved in {saved}"
+    return None
+
+
+def _runs_noise(dirs: list[Path]) -> tuple[float, int] | None:
+    """The finished runs' trial-to-trial CV (power.measured_cv) and its configs; None without any."""
     from multicard.judge import power, summarize
     from multicard.publish.runs import discover_runs, load_run
 
     runs = [load_run(p) for d in dirs for p in discover_runs(d)]
     cv, configs = power.measured_cv([(r.spec, summarize.trial_table(r.spec, r.records)) for r in runs])
-    if cv is None:
-        named = ", ".join(map(str, dirs))
-        raise InputError(f"claims power: --calibrate: no config with 2 ok trials in {named}")
-    return [cv], f"{cv:.1%} measured: the median over {configs} config(s) of {len(runs)} run(s)"
+    return None if cv is None else (cv, configs)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -698,9 +753,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--power", action="store_true",
                    help="after the plan, each claim's P(supported) where the paper is right at the "
                         "planned trials and the trials it needs for 80 %% (simulated: minutes)")
-    p.add_argument("--cv", type=_fraction, default=0.02, metavar="X",
-                   help="trial-to-trial CV that --power and --budget's trial cuts assume "
-                        "(default 0.02)")
+    p.add_argument("--cv", type=_fraction, metavar="X",
+                   help="trial-to-trial CV that --power and --budget assume (default: the "
+                        f"--calibrate runs' own, else {DEFAULT_POWER_CV}, said to be assumed)")
 
     p = add("run", cmd_run, "run (or resume) an experiment")
     _spec_args(p)

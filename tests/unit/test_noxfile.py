@@ -28,7 +28,8 @@ def test_reproduce_runs_every_experiment_and_every_numa_profile_once() -> None:
         set(numa) - {"smoke", "eval"})  # eval is the evaluation's, below
 
 
-def test_evaluate_fits_9_hours_on_4_gpus_and_can_decide_c5_to_c19() -> None:
+def test_evaluate_fits_16_hours_on_4_gpus_and_can_decide_c5_to_c19() -> None:
+    # 15 h: each experiment at the trials its claims need for 80 % power at 5 % noise
     from multicard.judge import claims
 
     specs = [spec.load(EXPERIMENTS / f"{e}.toml", p) for e, p in NOXFILE.EVAL_RUNS]
@@ -36,7 +37,7 @@ def test_evaluate_fits_9_hours_on_4_gpus_and_can_decide_c5_to_c19() -> None:
     seconds = sum(cost.trial_seconds(s.workload, t.params) for s in specs for t in spec.plan(s))
     assert all(s.fixed["device"] == "cuda" and max(t.params["gpus"] for t in spec.plan(s)) <= 4
                for s in specs)
-    assert 4 * 3600 <= seconds <= 9 * 3600
+    assert 8 * 3600 <= seconds <= 16 * 3600
     claim_list = claims.load(claims.default_file())
     decided = {c.id for c in claim_list if c.id.startswith("C")
                and all(claims.decided_by(c, specs))}

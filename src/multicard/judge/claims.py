@@ -131,6 +131,9 @@ class Claim:
     # the paper's value per group where it gives one: from the experiment's [[reference]] entries
     # (paper_values), in the claim's quantity (a loss in the metric's units for not_worse)
     values: tuple[PaperValue, ...] = ()
+    # a setting the claim holds under one level of only (C4: cast, named in `where`): the verdict
+    # is the one under that level, and the others the runs hold are judged and named beside it
+    condition: str = ""
 
 
 @dataclass(frozen=True)
@@ -388,6 +391,9 @@ def _check_names(where: str, claim: Claim) -> None:
              "not_worse": ("metric",), "shrinks": ("metric",), "outcome": ("compare",),
              "dominates": ("numerator", "denominator")}
     missing = [k for k in needs.get(claim.kind, ()) if not getattr(claim, k)]
+    if claim.condition and claim.condition not in claim.where:
+        raise InputError(f"{where}: condition {claim.condition!r}: name the level the claim "
+                         f"holds under in `where` ({claim.condition} = ...)")
     if claim.kind != "all" and not claim.experiment:
         missing.insert(0, "experiment")
     if claim.kind == "all" and not claim.parts:
@@ -448,6 +454,8 @@ def judge(claim: Claim, results: Mapping[str, list[Results]]) -> Verdict:
     if not present:
         return Verdict(claim, "not run", f"no run of {claim.experiment} in this report")
     runs = [r for r in present if device_ok(claim, r.spec)]
+    if runs and claim.condition:
+        return _conditional(claim, results, runs)
     if runs:
         raw = JUDGES[claim.kind](claim, runs)
         return _at_shared_level(raw, raw.groups, lambda: JUDGES[claim.kind](claim, runs))
@@ -457,6 +465,27 @@ def judge(claim: Claim, results: Mapping[str, list[Results]]) -> Verdict:
     return Verdict(claim, "not run", f"only {'/'.join(devices)} trials of {claim.experiment}; the "
                    f"claim is about {claim.device}" + ("; their numbers are shown, not judged"
                                                        if shown.evidence else ""), shown.evidence)
+
+
+def _conditional(claim: Claim, results: Mapping[str, list[Results]], runs: list[Results]) -> Verdict:
+    """The verdict under the claim's own level of its condition, said to be conditional, with the
+    verdict under each other level the runs hold beside it (C4: FP16 halves the bytes a host cast
+    copies; a device cast copies FP32 whatever the precision)."""
+    key, own = claim.condition, claim.where[claim.condition]
+    found = judge(replace(claim, condition=""), results)
+    levels = {values.get(key) for r in runs for _, _, values in specmod.configs(r.spec)} - {own, None}
+    others = [(level, judge(replace(claim, condition="", where={**claim.where, key: level}), results))
+              for level in sorted(levels, key=str)]
+    beside = "; ".join(f"with {key}={level}: {v.verdict}" + (f" ({evidence_summary(v)})"
+                                                             if v.evidence else "") for level, v in others)
+    return replace(found, why=f"conditional on {key}={own}: {found.why}"
+                   + (f". {beside}" if beside else f". No run holds another {key} to compare"))
+
+
+def evidence_summary(verdict: Verdict) -> str:
+    """A verdict's first groups as `label value [lo, hi]`, for a line that names it beside another."""
+    return ", ".join(f"{e.label} {e.value:.3g}{e.unit.strip()} [{e.ci_lo:.3g}, {e.ci_hi:.3g}]"
+                     for e in verdict.evidence[:3] if not math.isnan(e.value))
 
 
 def _at_shared_level(raw: Verdict, groups: int, again: Callable[[], Verdict],
@@ -1027,22 +1056,42 @@ def _arms_at(claim: Claim, run: Results, where: dict[str, Any]) -> tuple[list[fl
 
 
 def _dominates(claim: Claim, runs: list[Results]) -> Verdict:
+    """Per traced config, the summed numerator metrics against the summed denominator ones. A
+    trace whose metrics are unknown (None: the breakdown could not tell the GPU's waits apart)
+    is left out, never read as zero; a config whose denominator is zero in every trace (no copy
+    ever stalled the GPU) is dominated outright where its numerator is not."""
     groups: list[Evidence] = []
+    notes: list[str] = []
+    names = list(claim.numerator + claim.denominator)
     for run in runs:
         frame = run.traces
-        if frame.empty or not set(claim.numerator + claim.denominator) <= set(frame):
+        if frame.empty or not set(names) <= set(frame):
             continue
         frame = frame[_selected(_with_fixed(frame, run.spec, claim), claim.where)]
         for cid, group in frame.groupby("config_id", sort=False):
-            ratio = stats.ratio_of_means(group[list(claim.numerator)].sum(axis=1).tolist(),
-                                         group[list(claim.denominator)].sum(axis=1).tolist(),
-                                         cross_check=False)
-            decision = _decide(replace(claim, kind="direction", side="above"), ratio) \
-                if len(group) >= TRACED_MIN_OK else "too few"
-            groups.append(replace(_evidence(claim, str(cid), ratio), decision=decision))
+            known = group[group[names].notna().all(axis=1)]
+            if len(known) < len(group):
+                notes.append(f"{cid}: {len(group) - len(known)} of {len(group)} trace(s) without "
+                             f"{' / '.join(names)} (left out, not read as 0)")
+            groups.append(_dominance(claim, str(cid), known[list(claim.numerator)].sum(axis=1).tolist(),
+                                     known[list(claim.denominator)].sum(axis=1).tolist()))
     if not groups:
         return Verdict(claim, "not run", f"no traced trials of {claim.experiment} (--trace torch|nsys)")
-    return _verdict(claim, groups, [])
+    return _verdict(claim, groups, notes)
+
+
+def _dominance(claim: Claim, label: str, numerator: list[float], denominator: list[float]) -> Evidence:
+    n = (len(numerator), len(denominator))
+    if len(numerator) < TRACED_MIN_OK:
+        return Evidence(label, n=n, decision="too few")
+    if not any(denominator):
+        if not any(numerator):
+            return Evidence(label, n=n, decision="too few")
+        return Evidence(label, math.inf, math.inf, math.inf, n=n, reading=READINGS["ratio"],
+                        decision="supported")
+    ratio = stats.ratio_of_means(numerator, denominator, cross_check=False)
+    return replace(_evidence(claim, label, ratio), decision=_decide(replace(claim, kind="direction",
+                                                                            side="above"), ratio))
 
 
 def _numa(claim: Claim, runs: list[Results]) -> Verdict:

@@ -391,10 +391,10 @@ def outcome_facts(claim_list: list[claims.Claim], claim: claims.Claim) -> list[c
 
 def trials_for_power(claim: claims.Claim, paper: list[World], facts: list[claims.Claim], profile: str,
                      experiments: Path, cv: float, runs: int, seed: int,
-                     target: float = 0.8) -> int | None:
-    """The fewest trials per config of TRIAL_LADDER at which every world of `paper` reads
-    supported in at least `target` of the runs; None when even the most do not."""
-    for n in TRIAL_LADDER:
+                     target: float = 0.8, above: int = 0) -> int | None:
+    """The fewest trials per config of TRIAL_LADDER (above `above`) at which every world of
+    `paper` reads supported in at least `target` of the runs; None when even the most do not."""
+    for n in (n for n in TRIAL_LADDER if n > above):
         if all(characteristic(claim, w, facts, profile, experiments, n, cv, runs, seed)
                .shares.get("supported", 0.0) >= target for w in paper):
             return n
@@ -441,6 +441,10 @@ def claim_power(claim_list: list[claims.Claim], claim: claims.Claim, profile: st
     if not all(claims.device_ok(p, s) for p, s in zip(_parts(claim), specs, strict=True)):
         return ClaimPower(claim, cv, trials or 0,
                           skipped=f"the {profile} profile runs on another device than the claim's")
+    if not all(claims.holds_arms(p, s) for p, s in zip(_parts(claim), specs, strict=True)):
+        where = "; ".join(f"{k}={v}" for p in _parts(claim) for k, v in p.where.items())
+        return ClaimPower(claim, cv, trials or 0, skipped=f"the {profile} profile runs no config "
+                          "it compares" + (f" (where {where})" if where else ""))
     n = max(counts.values()) if counts else trials or max(s.trials for s in specs)
     if counts is None and not trials:  # the profile's own counts: each experiment at its own
         counts = {p.experiment: s.trials for p, s in zip(_parts(claim), specs, strict=True)}
@@ -482,12 +486,27 @@ def paper_support(claim_list: list[claims.Claim], claim: claims.Claim, profile: 
     return weakest_paper(found)
 
 
+@dataclass(frozen=True)
+class RunPower:
+    """A report's power for one claim: P(supported) where the paper is right at its runs' median
+    ok trials per config `n` and measured noise, and where that is under `target`, the trials per
+    config that would reach it (None: more than TRIAL_LADDER's most)."""
+    support: float
+    n: int
+    target: float = 0.8
+    needed: int | None = None
+
+    @property
+    def underpowered(self) -> bool:
+        return self.support < self.target
+
+
 def paper_right_support(claim_list: list[claims.Claim], claim: claims.Claim,
                         runs: list[tuple[spec.Spec, pd.DataFrame]], experiments: Path, cv: float,
-                        draws: int = 50, seed: int = 0) -> tuple[float, int] | None:
-    """paper_support at the profile of the runs that read the claim's first part, their median ok
-    trials per config and their verdict minimum (a budget may have lowered it), with those
-    trials; None as there, or without such a run."""
+                        draws: int = 50, seed: int = 0, target: float = 0.8) -> RunPower | None:
+    """paper_support at the profile of the runs that read the claim's first part, their median
+    ok trials per config and their verdict minimum (a budget may have lowered it), and below
+    `target` the trials it would need (trials_for_power); None as there, or without such a run."""
     first = _parts(claim)[0].experiment
     mine = [(s, t) for s, t in runs if s.name == first and not t.empty]
     if not mine:
@@ -496,7 +515,14 @@ def paper_right_support(claim_list: list[claims.Claim], claim: claims.Claim,
     n = max(2, int(np.median(trials.groupby("config_id").size())))
     found = paper_support(claim_list, claim, run_spec.profile, experiments, cv, n, draws, seed,
                           verdict_minimum=run_spec.min_ok)
-    return None if found is None else (found, n)
+    if found is None:
+        return None
+    if found >= target:
+        return RunPower(found, n, target)
+    paper = [w for w in worlds(claim) if w.role == "paper"]
+    needed = trials_for_power(claim, paper, outcome_facts(claim_list, claim), run_spec.profile,
+                              experiments, cv, draws, seed, target, above=n)
+    return RunPower(found, n, target, needed)
 
 
 def measured_cv(specs_and_trials: list[tuple[spec.Spec, pd.DataFrame]]) -> tuple[float | None, int]:

@@ -293,11 +293,27 @@ def _same_but(a: Mapping[str, str], b: Mapping[str, str], free: tuple[str, ...])
     return a.keys() == b.keys() and all(a[k] == b[k] for k in a if k not in free)
 
 
-def save(rates: Mapping[str, Rate], path: Path) -> None:
+def save(rates: Mapping[str, Rate], path: Path, noise: tuple[float, int] | None = None) -> None:
+    """The rates, and the runs' trial-to-trial CV with the configs it comes from where measured
+    (the noise a later plan's power assumes)."""
     from multicard import integrity
 
-    integrity.write_text_atomic(path, json.dumps(
-        {"schema": SCHEMA, "rates": {k: asdict(r) for k, r in sorted(rates.items())}}, indent=1) + "\n")
+    doc: dict[str, Any] = {"schema": SCHEMA, "rates": {k: asdict(r) for k, r in sorted(rates.items())}}
+    if noise is not None:
+        doc["noise"] = {"cv": noise[0], "configs": noise[1]}
+    integrity.write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
+
+
+def load_noise(path: Path) -> tuple[float, int] | None:
+    """The trial-to-trial CV a calibration file saved, and its configs; None where it has none."""
+    try:
+        noise = json.loads(path.read_text()).get("noise")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(noise, dict) or not isinstance(noise.get("cv"), int | float) \
+            or not 0 < noise["cv"] < 10 or not isinstance(noise.get("configs"), int):
+        return None
+    return float(noise["cv"]), noise["configs"]
 
 
 def load(path: Path) -> dict[str, Rate]:

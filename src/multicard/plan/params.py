@@ -155,10 +155,13 @@ LLM: dict[str, Param] = {
     "tokenizer": Param(str, "generated", "generated (byte-level, tests) or a Llama 3 tokenizer.model"),
     "data": Param(str, "real", "real (data/llm/real, from `multicard data fetch-llm`), synthetic, "
                   "or a directory of <dataset>.json files"),
-    "seq_len": Param(int, 1024, "tokens per packed sample (tokenizer.max_seq_len)", minimum=16,
+    "seq_len": Param(int, 1024, "tokens per sample, packed or truncated (tokenizer.max_seq_len)", minimum=16,
                      maximum=131_072),
     "batch_size": Param(int, 2, "samples per process per step (the stock LoRA configs: 2)", minimum=1,
                         maximum=4096),
+    "packed": Param(bool, True, "pack SFT samples into seq_len-token sequences (dataset.packed): "
+                    "every step then holds the same tokens; false: a step is batch_size samples, "
+                    "as in torchtune's stock configs (DPO pairs are never packed)"),
     "gradient_accumulation_steps": Param(int, 1, "micro-batches per optimizer step", minimum=1,
                                          maximum=4096),
     "max_steps": Param(int, 50, "optimizer steps per trial (max_steps_per_epoch, 1 epoch)", minimum=1,
@@ -257,6 +260,8 @@ VISION_METRICS: tuple[str, ...] = (
 LLM_METRICS: tuple[str, ...] = (
     "step_time_median_s",
     "tokens_per_s_per_gpu",
+    # seconds per input token on one GPU, padding included: one definition for every method
+    "time_per_token_s",
     "peak_mem_active_bytes",
     "peak_mem_reserved_bytes",
     "steps",

@@ -641,8 +641,14 @@ def _claims_folder() -> Path:
     return claims.default_file().parent
 
 
-def power_text(found: tuple[float, int] | None) -> str:
-    return "–" if found is None else f"{found[0]:.2f} (n={found[1]})"
+def power_text(found: power.RunPower | None) -> str:
+    if found is None:
+        return "–"
+    if not found.underpowered:
+        return f"{found.support:.2f} (n={found.n})"
+    needed = f"{found.needed}" if found.needed is not None else f"> {power.TRIAL_LADDER[-1]}"
+    return (f"{found.support:.2f} (n={found.n}): underpowered, {needed} trials per config for "
+            f"{found.target:.0%}")
 
 
 def power_note(cv: float | None, configs: int) -> str:
@@ -652,8 +658,9 @@ def power_note(cv: float | None, configs: int) -> str:
     return (f"Power: the share of {POWER_DRAWS} seeded draws that read supported where the paper "
             f"is right, through the same judge, at each claim's median ok trials per config (n) "
             f"and this report's measured trial-to-trial variation, CV {cv:.1%} (the median over "
-            f"{configs} config(s) of sd / mean); `multicard claims power` gives every world; "
-            "trace-metric claims (C4, C18) are not simulated")
+            f"{configs} config(s) of sd / mean); under 0.80 a claim is underpowered at this "
+            "noise, and the trials per config it would need are named; `multicard claims power` "
+            "gives every world; trace-metric claims (C4, C18) are not simulated")
 
 
 POWER_DRAWS = 50

@@ -39,6 +39,7 @@ METRIC_LABELS: dict[str, tuple[str, Callable[[float], str]]] = {
     "gpu_busy_fraction": ("GPU computing, of a step (%)", fmt_pct),
     "train_loss": ("train loss", fmt_num),
     "tokens_per_s_per_gpu": ("tokens/s per GPU", fmt_num),
+    "time_per_token_s": ("time per input token, one GPU (s)", fmt_num),
     "peak_mem_active_bytes": ("peak active mem. (GiB)", fmt_gib),
     "peak_mem_reserved_bytes": ("peak reserved mem. (GiB)", fmt_gib),
     "peak_device_mem_bytes": ("GPU mem. used, NVML (GiB)", fmt_gib),

@@ -107,7 +107,7 @@ def data_overrides(settings: Mapping[str, Value], data_dir: Path) -> list[str]:
                 f"dataset.data_files={data_dir / f'{kind}_preference.json'}", "dataset.split=train"]
     return [f"dataset._component_={DATASET_BUILDERS[kind]}", "dataset.source=json",
             f"dataset.data_files={data_dir / f'{kind}.json'}", "dataset.split=train",
-            "dataset.packed=True"]
+            f"dataset.packed={bool(settings['packed'])}"]
 
 
 def overrides(settings: Mapping[str, Value], trial_dir: Path, found: Assets, trace: str) -> list[str]:
@@ -217,13 +217,41 @@ def collect(trial_dir: Path, settings: Mapping[str, Value]) -> dict[str, Any] | 
     if not steps:
         return None
     measured = metrics(steps, int(settings["warmup_steps"]))
+    per_token, token_why = time_per_token(measured, settings)
+    measured["time_per_token_s"] = per_token
     joules, why = step_energy(trial_dir, steps, int(settings["warmup_steps"]),
                               int(settings["gpus"]) * int(settings["nnodes"]))
     measured |= joules
     how = {"energy_j": "NVML counter, sampled by the runner"} if measured.get("energy_j") is not None else {}
-    return {"metrics": measured, "unmeasured": unmeasured(measured, settings) | why, "measured_how": how,
+    return {"metrics": measured, "unmeasured": unmeasured(measured, settings) | why | token_why,
+            "measured_how": how,
             "steps_logged": len(steps), "logs": [p.name for p in logs],
             "random_weights": settings["weights"] == "random"}
+
+
+def time_per_token(measured: Mapping[str, Any], settings: Mapping[str, Value]
+                   ) -> tuple[float | None, dict[str, str]]:
+    """Seconds per input token on one GPU: the positions of the sequences the trained model
+    reads in a step, padding included, whatever the method. The recipes' own tokens/s cannot be
+    compared across methods: the SFT recipes count label tokens (prompt and padding left out),
+    the DPO recipes every position of the chosen and rejected sequences. A packed SFT step reads
+    batch x seq_len x accumulation positions; a DPO step's positions are what its recipe counts
+    (1 / its tokens/s); an unpacked SFT step's padded length is logged nowhere."""
+    method = METHODS[str(settings["method"])]
+    if method.preference:
+        tokens = measured.get("tokens_per_s_per_gpu")
+        if tokens:
+            return 1.0 / tokens, {}
+        return None, {"time_per_token_s": "the DPO recipe logged no tokens/s"}
+    if not settings["packed"]:
+        return None, {"time_per_token_s": "an unpacked SFT step's padded length is not logged "
+                                          "(torchtune counts label tokens only): set packed = true"}
+    step = measured.get("step_time_median_s")
+    if step is None:
+        return None, {"time_per_token_s": "too few logged steps after the warm-up steps"}
+    positions = int(settings["batch_size"]) * int(settings["seq_len"]) * int(
+        settings["gradient_accumulation_steps"])
+    return step / positions, {}
 
 
 def step_energy(trial_dir: Path, steps: list[dict[str, float]], warmup: int, world: int

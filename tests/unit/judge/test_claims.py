@@ -49,8 +49,10 @@ def test_shipped_claims_are_c1_to_c19_and_name_real_experiments_and_settings() -
             known = set(doc["grid"]) | set(doc["fixed"])
             for selector in (part.compare, part.against, part.where):
                 assert set(selector) <= known, (claim.id, selector)
-                for key, wanted in selector.items():
-                    levels = doc["grid"].get(key, [doc["fixed"].get(key)])
+                for key, wanted in selector.items():  # a level the base or a profile runs
+                    tables = [doc, *doc.get("profiles", {}).values()]
+                    levels = [v for t in tables for v in t.get("grid", {}).get(key, [])] + [
+                        t["fixed"][key] for t in tables if key in t.get("fixed", {})]
                     assert set(wanted if isinstance(wanted, list) else [wanted]) <= set(levels), \
                         (claim.id, key, wanted)
 
@@ -358,23 +360,67 @@ def test_shrinks(pinned_4: list[float], expected: str) -> None:
 
 # --- dominates (trace metrics) ----------------------------------------------------------------------
 
-def planned_traces(launch_ns: float, copy_ns: float) -> pd.DataFrame:
-    """Trace rows for exactly the traced trials the planner makes for Table 4 with --trace torch."""
+def planned_traces(waits_ns: float, copy_ns: float, idle_ns: float | None = 0.0) -> pd.DataFrame:
+    """Trace rows for exactly the traced trials the planner makes for Table 4 with --trace torch:
+    the GPU timeline's waits on the host and idle time (C18's numerator) against its copy time."""
     s = spec.load(EXPERIMENTS / "table4_llm_methods.toml")
     traced = [p for p in spec.plan(s, trace="torch") if p.trace == "torch"
               and p.config == {"method": "lora", "dataset": "gec", "gpus": 1}]
     assert len(traced) == 3  # the verdict minimum: [trials].trace_count
     return pd.DataFrame([{**p.config, "config_id": p.config_id, "trial": p.trial, "trace": "torch",
-                          "cuda_launch_kernel_ns": launch_ns + 1e6 * p.trial,
-                          "cuda_stream_synchronize_ns": 0.0, "cuda_event_synchronize_ns": 0.0,
-                          "memcpy_htod_ns": copy_ns + 1e6 * p.trial} for p in traced])
+                          "gpu_host_wait_ns": None if idle_ns is None else waits_ns + 1e6 * p.trial,
+                          "gpu_idle_ns": idle_ns, "gpu_busy_ns": 5e9,
+                          # the host's API time, which holds the GPU's compute in its synchronize
+                          # calls, is no longer what the claim reads
+                          "cuda_stream_synchronize_ns": 5e9,
+                          "gpu_copy_ns": copy_ns + 1e6 * p.trial} for p in traced])
 
 
-@pytest.mark.parametrize(("launch", "copy", "expected"), [
-    (9e8, 1e8, "supported"), (1e8, 9e8, "contradicted")])
-def test_dominates(launch: float, copy: float, expected: str) -> None:
-    data = results("table4_llm_methods", [], traces=planned_traces(launch, copy))
+@pytest.mark.parametrize(("waits", "copy", "expected"), [
+    (9e8, 1e8, "supported"),
+    # copies stall the GPU longer than it waits on launches and synchronisation: the paper wrong
+    (1e8, 9e8, "contradicted")])
+def test_dominates(waits: float, copy: float, expected: str) -> None:
+    data = results("table4_llm_methods", [], traces=planned_traces(waits, copy))
     assert verdict("C18", data).verdict == expected
+
+
+def cast_traces(device_cast_fp16_ns: float) -> pd.DataFrame:
+    """C4's traced profile: FP16 and FP32 HtoD copy time, cast on the host and on the device."""
+    s = spec.load(EXPERIMENTS / "table2_precision.toml", "traced")
+    copy_ns = {("fp32", "host"): 2e8, ("fp16", "host"): 1e8, ("fp32", "device"): 2e8,
+               ("fp16", "device"): device_cast_fp16_ns, ("fp64", "host"): 4e8, ("fp64", "device"): 2e8}
+    return pd.DataFrame([{**p.config, "config_id": p.config_id, "trial": p.trial, "trace": "nsys",
+                          "memcpy_htod_ns": copy_ns[p.config["precision"], p.config["cast"]]
+                          * (1 + 0.001 * p.trial)} for p in spec.plan(s)])
+
+
+@pytest.mark.parametrize(("device_fp16", "beside"), [
+    (2e8, "with cast=device: contradicted"),  # a device cast copies FP32 whatever the precision
+    (1e8, "with cast=device: supported")])
+def test_c4_is_conditional_on_the_host_cast_and_names_the_other(device_fp16: float, beside: str) -> None:
+    data = results("table2_precision", [], profile="traced", traces=cast_traces(device_fp16))
+    v = verdict("C4", data)
+    assert v.verdict == "supported" and v.why.startswith("conditional on cast=host: ")
+    assert beside in v.why
+    assert [e.label for e in v.evidence] == ["gpus=1, cast=host"]  # the host cast's group only
+
+
+def test_a_condition_needs_its_level_in_where(tmp_path: Path) -> None:
+    entry = "\n".join(['[[claim]]', 'id = "X"', 'text = ""', 'paper = ""', 'kind = "direction"',
+                       'experiment = "table2_precision"', 'metric = "train_time_s"',
+                       'compare = { precision = "fp16" }', 'condition = "cast"'])
+    (tmp_path / "claims.toml").write_text(entry)
+    with pytest.raises(InputError, match="condition 'cast': name the level"):
+        claims.load(tmp_path / "claims.toml")
+
+
+def test_dominates_reads_unknown_waits_as_unknown_and_no_copy_stall_as_dominated() -> None:
+    unknown = verdict("C18", results("table4_llm_methods", [], traces=planned_traces(9e8, 1e8, None)))
+    assert unknown.verdict == "inconclusive" and "left out, not read as 0" in unknown.why
+    never = verdict("C18", results("table4_llm_methods", [], traces=planned_traces(9e8, -1e6)
+                                   .assign(gpu_copy_ns=0.0)))
+    assert never.verdict == "supported" and never.evidence[0].value == math.inf
 
 
 def test_dominates_with_fewer_traced_trials_than_the_minimum_is_inconclusive() -> None:
@@ -481,8 +527,8 @@ def test_the_numa_part_is_censored_by_a_timed_out_attempt_and_names_an_arm_with_
 # --- all, not run --------------------------------------------------------------------------------
 
 def lora_dpo(lora_memory: float) -> dict[str, list[claims.Results]]:
-    rows = trials({"method": "lora", "dataset": "gec", "gpus": 1}, "step_time_median_s", ONE)
-    rows += trials({"method": "dpo", "dataset": "gec", "gpus": 1}, "step_time_median_s",
+    rows = trials({"method": "lora", "dataset": "gec", "gpus": 1}, "time_per_token_s", ONE)
+    rows += trials({"method": "dpo", "dataset": "gec", "gpus": 1}, "time_per_token_s",
                    [1.5, 1.51, 1.49, 1.505, 1.495])  # LoRA 33 % faster: in the paper's 30-40 %
     for row in rows:
         row["peak_mem_reserved_bytes"] = (lora_memory if row["method"] == "lora" else 8e9) \
@@ -496,6 +542,33 @@ def test_all_is_contradicted_when_any_part_is_and_not_run_when_every_part_is() -
     assert v.why.startswith("part 1: supported") and "part 2: contradicted" in v.why
     assert verdict("C15", lora_dpo(7e9)).verdict == "supported"
     assert verdict("C15", {}).verdict == "not run"
+
+
+def test_c15_reads_time_per_token_not_step_time() -> None:
+    # a DPO step that takes 1.35 x LoRA's (the paper's span) but reads twice the tokens of a
+    # LoRA step is per token the faster method: the claim does not hold
+    rows = trials({"method": "lora", "dataset": "gec", "gpus": 1}, "step_time_median_s", ONE)
+    rows += trials({"method": "dpo", "dataset": "gec", "gpus": 1}, "step_time_median_s",
+                   [1.35, 1.36, 1.34, 1.355, 1.345])
+    for row in rows:
+        row["time_per_token_s"] = row["step_time_median_s"] / (2048 if row["method"] == "dpo" else 1024)
+        row["peak_mem_reserved_bytes"] = 7e9 if row["method"] == "lora" else 8e9
+    assert verdict("C15", results("table4_llm_methods", rows)).verdict == "contradicted"
+
+
+def test_c19_reads_unpacked_steps_only() -> None:
+    # packed, GEC and SAMSum steps hold the same tokens: those trials are never read
+    rows = [{**r, "packed": True} for d, t in (("gec", 1.0), ("samsum", 1.0))
+            for r in trials({"method": "lora", "dataset": d, "gpus": 1}, "step_time_median_s",
+                            [t, t * 1.001, t * 0.999, t * 1.002, t * 0.998])]
+    assert verdict("C19", results("table4_llm_methods", rows)).verdict == "not run"
+    unpacked = [{**r, "packed": False} for d, t in (("gec", 1.0), ("samsum", 1.6))
+                for r in trials({"method": "lora", "dataset": d, "gpus": 1}, "step_time_median_s",
+                                [t, t * 1.001, t * 0.999, t * 1.002, t * 0.998])]
+    assert verdict("C19", results("table4_llm_methods", unpacked, profile="datasets")).verdict == "supported"
+    # unpacked synthetic samples are as long as the generator makes them: not GEC's or SAMSum's
+    synthetic = [{**r, "data": "synthetic"} for r in unpacked]
+    assert verdict("C19", results("table4_llm_methods", synthetic, profile="datasets")).verdict == "not run"
 
 
 def test_cpu_runs_do_not_judge_gpu_claims() -> None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -11,7 +10,7 @@ from multicard.errors import InputError
 from multicard.plan import spec
 from multicard.publish import document, runs
 from multicard.run import store
-from tests.helpers import EXPERIMENTS
+from tests.helpers import EXPERIMENTS, gpu_run
 
 # train_time_s per (precision, gpus) -> two trials; fp64 is the baseline
 TIMES = {("fp64", 1): [10.0, 12.0], ("fp32", 1): [5.0, 6.0], ("fp16", 2): [4.0, 4.0]}
@@ -152,23 +151,6 @@ def test_facets_breakdown_and_binary_paper_outcomes(tmp_path: Path) -> None:
     assert dali["breakdown.compute_s"] == pytest.approx(6.5)
     header = (run / "tables" / "figure6_loaders.md").read_text().splitlines()[0]
     assert "data wait, loader next() (%)" in header and "copy wait, host in H2D copy (%)" in header
-
-
-def gpu_run(directory: Path, experiment: str, times: dict[tuple[Any, ...], list[float]],
-            metric: str) -> Path:
-    """A run of a shipped experiment's paper profile (device cuda) with hand-made records."""
-    s = spec.load(EXPERIMENTS / f"{experiment}.toml")
-    directory.mkdir(parents=True)
-    (directory / "spec.toml").write_text(spec.to_toml(s))
-    ids = {tuple(c.values()): (cid, c) for cid, c, _ in spec.configs(s)}
-    for key, values in times.items():
-        cid, config = ids[key]
-        for trial, t in enumerate(values):
-            store.append(directory / "trials.jsonl", {
-                "schema": 1, "experiment": s.name, "config_id": cid, "config": config,
-                "trial": trial, "status": "ok", "started": "2026-01-01T00:00:00+00:00",
-                "wall_s": 3600.0, "metrics": {metric: t}, "error": None, "artifacts": []})
-    return directory
 
 
 def test_two_gpu_runs_merge_into_one_report_whose_claims_read_both(tmp_path: Path) -> None:

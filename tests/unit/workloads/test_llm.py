@@ -122,6 +122,19 @@ def test_metric_log_by_hand() -> None:
     assert (result["steps"], result["final_loss"]) == (4, 6.1)
 
 
+def test_time_per_token_counts_every_position_the_model_reads_whatever_the_method() -> None:
+    # packed SFT: 2 x 128 positions per step; DPO: its recipe counts chosen + rejected positions
+    packed = settings(method="lora", batch_size=2, seq_len=128)
+    assert llm.time_per_token({"step_time_median_s": 0.512}, packed) == (0.002, {})
+    dpo = settings(method="dpo")
+    assert llm.time_per_token({"tokens_per_s_per_gpu": 400.0, "step_time_median_s": 9.0}, dpo) == (0.0025, {})
+    # the recipes' tokens/s differ in what they count: an unpacked SFT step is not comparable
+    value, why = llm.time_per_token({"step_time_median_s": 0.5, "tokens_per_s_per_gpu": 1e3},
+                                    settings(method="qlora", packed=False))
+    assert value is None and "packed = true" in why["time_per_token_s"]
+    assert "--config" in command(packed=False) and "dataset.packed=False" in command(packed=False)
+
+
 def test_generated_tokenizer_round_trips_through_llama3_tokenizer(tmp_path: Path) -> None:
     from torchtune.models.llama3 import llama3_tokenizer
 
