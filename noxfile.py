@@ -370,8 +370,9 @@ def reproduce(session: nox.Session) -> None:
 @nox.session(name="kick-the-tires", python=False)
 def kick_the_tires(session: nox.Session) -> None:
     """Est. 47 min on one GPU: Table 2 (FP64/FP32/FP16), Table 3 and Figure 6 at 1 GPU with 5
-    trials each, into artifact/runs/kick-<UTC>/ with REPORT.md and its claims table."""
-    _run_collection(session, KICK_RUNS, "kick", save_calibration=True)
+    trials each, into artifact/runs/kick-<UTC>/ with REPORT.md and its claims table; the plan
+    first says each claim's power at the last calibration's noise (underpowered ones named)."""
+    _run_collection(session, KICK_RUNS, "kick", save_calibration=True, power=True)
 
 
 @nox.session(python=False)
