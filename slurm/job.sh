@@ -16,8 +16,10 @@
 #   could end them midway. One pending report job per run is enough.
 
 MULTICARD_MAX_REQUEUES=${MULTICARD_MAX_REQUEUES:-3}
-# the same lead as the templates' --signal=B:USR1@600: change both together
-MARGIN_S=600
+# the templates' --signal=B:USR1@600 lead, plus the up to 60 s earlier Slurm may send it
+# (sbatch(1), --signal), plus 60 s to end and record the trial in flight: change them together
+SIGNAL_LEAD_S=600
+MARGIN_S=$((SIGNAL_LEAD_S + 60 + 60))
 # the nox session leaves the report and verify to the report job (noxfile.py)
 export MULTICARD_REPORT_ELSEWHERE=1 APPTAINERENV_MULTICARD_REPORT_ELSEWHERE=1
 
@@ -49,7 +51,11 @@ submit_report() {
     if [ -n "$(squeue -h -u "${USER:-$(id -un)}" -n "$name" -o %i 2>/dev/null || true)" ]; then
         return
     fi
-    sbatch --parsable --dependency="afterany:$SLURM_JOB_ID" --job-name="$name" \
+    # the run's own partition and account: a site's default may not take the job, or bill another
+    local where=()
+    [ -n "${SLURM_JOB_PARTITION:-}" ] && where+=(--partition="$SLURM_JOB_PARTITION")
+    [ -n "${SLURM_JOB_ACCOUNT:-}" ] && where+=(--account="$SLURM_JOB_ACCOUNT")
+    sbatch --parsable --dependency="afterany:$SLURM_JOB_ID" --job-name="$name" "${where[@]}" \
         --export="ALL,MULTICARD_SIF=$SIF" slurm/report.sbatch "$RUN" >/dev/null ||
         echo "multicard: could not submit the report job; after this job: sbatch slurm/report.sbatch $RUN"
 }

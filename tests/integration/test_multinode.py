@@ -236,6 +236,21 @@ def test_a_launcher_that_never_starts_stops_the_run_before_any_trial(tmp_path: P
     assert json.loads((out / "preflight.json").read_text())["ok"] is False
 
 
+def test_a_step_bound_to_fewer_cpus_than_the_job_holds_stops_the_run_at_the_preflight(
+        tmp_path: Path) -> None:
+    # the job says 2 more CPUs per node than this machine has: srun --cpus-per-task asks for
+    # them, the stand-in binds each "node" to what there is, and the preflight names node 0
+    spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 3, "timeout_s": 300})
+    out, held = tmp_path / "run", len(os.sched_getaffinity(0)) + 2
+    env = {**fake_slurm(tmp_path), "SLURM_JOB_CPUS_PER_NODE": f"{held}(x2)"}
+    done = planner(spec, out, env, f"127.0.0.1:{free_port()}", 240)
+    assert done.returncode == 1, done.stdout + done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "preflight: node 0 (" in line and f"of the {held} the job holds there" in line, line
+    assert f"--cpus-per-task={held}" in steps(tmp_path)[0]["argv"]
+    assert store.read(out / "trials.jsonl") == []
+
+
 def test_trials_that_stop_starting_mid_run_stop_it(tmp_path: Path) -> None:
     # the preflight (step 0) passes; from step 1 on srun cannot create a step any more
     spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 5, "timeout_s": 300})
@@ -243,13 +258,35 @@ def test_trials_that_stop_starting_mid_run_stop_it(tmp_path: Path) -> None:
     done = planner(spec, out, fake_slurm(tmp_path, fail_from="1"), f"127.0.0.1:{free_port()}")
     assert done.returncode == 1, done.stdout + done.stderr
     [line] = done.stderr.strip().splitlines()
-    assert "3 trials in a row where a node never started its part" in line, line
+    assert "3 multi-node trials in a row where a node never started its part" in line, line
     assert "Unable to create step" in line, line
     records = store.read(out / "trials.jsonl")
     assert [(r["trial"], r["status"], r["error"]["type"]) for r in records] == \
         [(t, "failed", "NotStarted") for t in range(3)]
     assert all(r["nodes"] == [{"node": 0, "started": False}, {"node": 1, "started": False}]
                for r in records)
+
+
+@pytest.mark.long
+def test_a_hung_node_is_named_and_its_trial_failed_and_run_again(tmp_path: Path) -> None:
+    # node 1 stops (SIGSTOP: nothing it runs makes progress or ends) once its rank trains; node
+    # 0's ranks wait on it until the trial's timeout. Formerly a censored timeout, never run
+    # again and naming no node; now node 1's heartbeat, 60 s and more behind node 0's, names it
+    longer = {**ONE_CONFIG["fixed"], "epochs": 4, "max_steps": 20, "train_subset": 512,
+              "numa_evidence": True}
+    spec = write_spec(tmp_path, fixed=longer, grid=ONE_CONFIG["grid"],
+                      trials={"count": 1, "timeout_s": cluster.HUNG_AFTER_S + 60})
+    out, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
+    done = planner(spec, out, fake_slurm(tmp_path, stop="1:1:0:numa/rank1-rank-*"), endpoint)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [hung] = store.read(out / "trials.jsonl")
+    assert hung["status"] == "failed" and hung["error"]["type"] == "NodeHung", hung["error"]
+    assert hung["error"]["node"] == 1 and hung["error"]["collateral"] == [0]
+    assert "node 1 (" in hung["error"]["message"] and "hung node" in hung["error"]["message"]
+    done = planner(spec, out, fake_slurm(tmp_path), endpoint)  # resumed: the trial runs again
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [(r["attempt"], r["status"]) for r in store.read(out / "trials.jsonl")] == \
+        [(0, "failed"), (1, "ok")]
 
 
 @pytest.mark.long

@@ -79,3 +79,45 @@ def test_every_path_the_help_cites_exists() -> None:
                             capture_output=True, text=True, check=True).stdout
              for words in ([], ["plan"], ["run"], ["report"], ["list"], ["claims", "power"])]
     assert missing_in(ROOT / "README.md", "\n".join(texts)) == []
+
+
+def test_the_zenodo_record_says_what_citation_cff_says() -> None:
+    # a release archived by Zenodo's GitHub integration gets its DOI from .zenodo.json; the two
+    # files must not describe two artifacts (CITATION.cff's top-level keys, read line by line)
+    import json
+    import tomllib
+
+    zenodo = json.loads((ROOT / ".zenodo.json").read_text())
+    cff = (ROOT / "CITATION.cff").read_text()
+    top = dict(re.findall(r"^(title|version|license): \"?(.*?)\"?$", cff, re.MULTILINE))
+    assert (zenodo["title"], zenodo["version"], zenodo["license"]) == (top["title"], top["version"],
+                                                                       top["license"])
+    assert zenodo["upload_type"] == "software" and zenodo["access_right"] == "open"
+    [paper] = re.findall(r"^  doi: (\S+)$", cff, re.MULTILINE)  # preferred-citation's
+    assert {"identifier": paper, "relation": "isSupplementTo", "scheme": "doi",
+            "resource_type": "publication-article"} in zenodo["related_identifiers"]
+    assert top["version"] == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+DURATION = re.compile(r"\d+(?:\.\d+)?\s?(?:h|min|s)\b")
+
+
+def test_every_time_a_document_gives_a_session_is_the_one_in_docs_times() -> None:
+    # one number, one place: a line that names a session (`nox -s NAME`, or its row of README's
+    # table) and gives a time gives docs/times.toml's
+    import tomllib
+
+    times = tomllib.loads((ROOT / "docs" / "times.toml").read_text())["session"]
+    documents = [ROOT / "README.md", ROOT / "ARTIFACT.md", *sorted((ROOT / "docs").glob("*.md"))]
+    wrong = []
+    for path in documents:
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            said = re.sub(r"--budget \S+", "", line)  # a budget is not the session's time
+            row = re.match(r"\| `([\w-]+)` \|", said)  # README's table: the row's own session
+            for session, time in times.items():
+                named = (row.group(1) == session if row else
+                         re.search(rf"nox -s {re.escape(session)}(?![\w-])", said))
+                if named and DURATION.search(said) and time not in said:
+                    wrong.append(f"{path.relative_to(ROOT)}:{number}: {session} is {time} "
+                                 f"({line.strip()[:90]})")
+    assert not wrong, "\n".join(wrong)

@@ -119,13 +119,14 @@ def test_the_time_limit_warning_stops_the_session_and_requeues_and_the_report_is
     lines = calls(tmp_path)
     sif, run = tmp_path / "multicard.sif", "/opt/multicard/artifact/runs/table2"
     assert shlex.split(lines[0]) == report_job("table2", sif)
-    assert lines[1] == f"run --nv --no-home --bind {tmp_path}/artifact:/opt/multicard/artifact {sif} " \
-                       f"-s table2 -- --out {run} --trials 3"
+    assert lines[1] == f"run --nv --cleanenv --no-home --bind {tmp_path}/artifact:/opt/multicard/artifact " \
+                       f"{sif} -s table2 -- --out {run} --trials 3"
     assert lines[2:] == ["session stopped by TERM", "scontrol requeue 4242"]
     assert job.returncode == 143 and "the time limit is near" in out and "1 of at most 3" in out
     end = int(subprocess.run(["date", "-d", "2026-12-05T10:00:00", "+%s"], capture_output=True,
                              text=True, check=True).stdout)
-    assert f"DEADLINE=@{end - 600}" in (tmp_path / "calls").read_text()  # the job's end less 600 s
+    # the job's end less the signal's 600 s lead, the 60 s Slurm may send it early, 60 s to record
+    assert f"DEADLINE=@{end - 720}" in (tmp_path / "calls").read_text()
 
 
 def test_a_second_submission_resumes_the_same_run(tmp_path: Path) -> None:
@@ -154,7 +155,8 @@ def test_the_multinode_job_plans_on_the_host_and_steps_into_the_image_on_every_n
         str(tmp_path / "bin" / "apptainer"), "exec", "--nv", "--no-home", "--bind", str(tmp_path),
         str(tmp_path / "multicard.sif")]
     assert argv[argv.index("--out") + 1] == run and argv[-2:] == ["--profile", "paper"]
-    assert "SRUN_CPUS_PER_TASK=64 DEADLINE=unset" in (tmp_path / "calls").read_text()  # UNLIMITED
+    # UNLIMITED: no deadline; the CPUs go on each step's srun line (--cpus-per-task), not here
+    assert "SRUN_CPUS_PER_TASK=unset DEADLINE=unset" in (tmp_path / "calls").read_text()
 
 
 def test_the_multinode_job_stops_and_requeues_at_the_time_limit(tmp_path: Path) -> None:
@@ -167,7 +169,7 @@ def test_the_multinode_job_stops_and_requeues_at_the_time_limit(tmp_path: Path) 
     assert f"--out {tmp_path}/artifact/runs/mine" in lines[1]
     assert lines[2:] == ["session stopped by TERM", "scontrol requeue 4242"]
     assert job.returncode == 143 and "the time limit is near" in out
-    assert "DEADLINE=@1799999400" in (tmp_path / "calls").read_text()
+    assert "DEADLINE=@1799999280" in (tmp_path / "calls").read_text()  # end - 600 - 60 - 60
 
 
 @pytest.mark.parametrize("template", [SINGLENODE, MULTINODE])
@@ -211,6 +213,16 @@ def test_a_cancelled_job_stops_is_not_requeued_and_leaves_the_report_to_its_job(
     assert not any(line.startswith("scontrol") or " report " in line for line in lines)
     assert "session stopped by TERM" in lines
     assert job.returncode == 143 and "told to stop (SIGTERM)" in out
+
+
+def test_the_report_job_runs_in_the_run_s_own_partition_and_account(tmp_path: Path) -> None:
+    env = fake_tools(tmp_path) | {"FAKE_SESSION_S": "0", "SLURM_JOB_PARTITION": "gpu-a",
+                                  "SLURM_JOB_ACCOUNT": "proj42"}
+    subprocess.run(["bash", str(SINGLENODE), "table3"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True, timeout=20)
+    words = shlex.split(calls(tmp_path)[0])
+    assert words[:4] == report_job("table3", tmp_path / "multicard.sif")[:4]
+    assert words[4:6] == ["--partition=gpu-a", "--account=proj42"]
 
 
 def test_one_report_job_per_run_is_enough(tmp_path: Path) -> None:

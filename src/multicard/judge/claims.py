@@ -539,7 +539,7 @@ def holds_arms(claim: Claim, spec: Spec) -> bool:
     """Whether `spec`'s configs hold what `claim` (a claim without parts) compares, whatever the
     device and trials: its experiment, a config of each arm, a second level of `along` (C6), both
     loaders under none and local at 3-4 GPUs (the NUMA test)."""
-    if claim.experiment != spec.name:
+    if claim.experiment != spec.name or summarize.is_loader_only(spec):  # it trains nothing
         return False
     settings = [values for _, _, values in specmod.configs(spec)]
     arms = [arm for arm in (claim.compare, claim.against) if arm]

@@ -169,9 +169,10 @@ def _package_versions() -> dict[str, str]:
     return versions
 
 
-def _git() -> dict[str, Any]:
-    """The checkout's commit; inside an image, the one baked in at build time."""
-    source = Path(__file__).resolve().parents[3]
+def _git(source: Path | None = None) -> dict[str, Any]:
+    """The checkout's commit (the package's own, or `source`); inside an image, the one baked in
+    at build time."""
+    source = source or Path(__file__).resolve().parents[3]
     try:
         sha = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
@@ -180,6 +181,17 @@ def _git() -> dict[str, Any]:
         return {"sha": sha, "dirty": bool(status.strip())}
     except (OSError, subprocess.SubprocessError):
         return {"sha": os.environ.get("MULTICARD_GIT_SHA"), "dirty": None}
+
+
+def source_commit() -> str | None:
+    """The commit this multicard was built from: its checkout's, an image's baked-in one, or, for
+    a copy installed with `pip install .` (a Slurm batch host's), the checkout it runs in; None
+    where none is known (an image built without GIT_SHA says "unknown")."""
+    for found in (_git(), _git(Path.cwd())):
+        sha = found["sha"]
+        if sha and sha != "unknown":
+            return str(sha)
+    return None
 
 
 def storage(path: Path) -> dict[str, Any]:

@@ -509,10 +509,11 @@ NARROW_CLAIMS = {"claim": "claim", "verdict": "verdict", "Holm-adjusted": "Holm"
 
 
 def _narrow_claims(table: pd.DataFrame) -> pd.DataFrame:
-    """The claims table a page can hold: one short line per claim, the reasons below it. A
-    number beside `not run` was not judged (other hardware, too few trials), and says so."""
-    first = [("unjudged: " if v == "not run" and e != "–" else "") + e
-             for v, e in zip(table["verdict"], table["first group"], strict=True)]
+    """The claims table a page can hold: one short line per claim, the reasons below it. Beside
+    `not run` no number stands (a CPU smoke run's gains are not the claim's): only that there
+    is one, unjudged, in tables/claims.csv and the experiment's own table."""
+    first = [("not judged (other hardware or too few trials): tables/claims.csv" if v == "not run"
+              and e != "–" else e) for v, e in zip(table["verdict"], table["first group"], strict=True)]
     narrow = table.assign(verdict=[f"**{v}**" for v in table["verdict"]], **{"first group": first},
                           paper=[_shortened(t, 32) for t in table["paper"]])
     return narrow[list(NARROW_CLAIMS)].rename(columns=NARROW_CLAIMS)

@@ -32,6 +32,7 @@ import shlex
 import shutil
 import socket
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,17 +80,36 @@ class Launcher:
 NNODES_SLOT = "{nnodes}"
 
 
-def srun_flags(nnodes: int, gpus_per_node: int, exported: Sequence[str]) -> list[str]:
+STEP_CREATE_WAIT_S = 300
+
+
+def srun_flags(nnodes: int, gpus_per_node: int, exported: Sequence[str],
+               cpus_per_node: int | None = None) -> list[str]:
     """One task per node from the allocation's first node on (where the endpoint is), all
     killed when one fails, output lines labelled with the task; no MPI plugin (torchrun meets by
     itself); only `exported` of the planner's environment (Slurm's own SLURM_* always); a GPU
-    trial's GPUs per node and no more (`--exact`: the step gets what it asks for)."""
+    trial's GPUs per node and no more (`--exact`: the step gets what it asks for); and the job's
+    CPUs of each node for its one task."""
     # a CPU trial's step takes no GPU: without --gres=none srun would give it the job's
     # (SLURM_GPUS_PER_NODE from sbatch is one of srun's input variables)
     gpus = [f"--gpus-per-node={gpus_per_node}", "--exact"] if gpus_per_node else ["--gres=none"]
+    # on the srun line, not in SRUN_CPUS_PER_TASK: Slurm 23.11 on reads neither that nor the
+    # job's --cpus-per-task, and a step with --exact then binds each task to one CPU
+    cpus = [f"--cpus-per-task={cpus_per_node}"] if cpus_per_node else []
+    # a step srun cannot create within this (a node hung, its resources still held) fails as a
+    # trial no node started, instead of waiting until the trial's timeout
     return [f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1", "--relative=0",
             "--kill-on-bad-exit=1", "--label", "--mpi=none",
-            f"--export={','.join(exported) if exported else 'NONE'}", *gpus]
+            f"--export={','.join(exported) if exported else 'NONE'}", *gpus, *cpus,
+            f"--immediate={STEP_CREATE_WAIT_S}"]
+
+
+def job_cpus_per_node(env: Mapping[str, str]) -> int | None:
+    """The fewest CPUs the Slurm job holds on any of its nodes (SLURM_JOB_CPUS_PER_NODE, as
+    `64(x2),32`; else SLURM_CPUS_ON_NODE); None outside a job or where Slurm says neither."""
+    text = env.get("SLURM_JOB_CPUS_PER_NODE") or env.get("SLURM_CPUS_ON_NODE") or ""
+    counts = [int(m) for m in re.findall(r"(\d+)(?:\(x\d+\))?(?:,|$)", text)]
+    return min(counts) if counts and min(counts) > 0 else None
 
 
 def step_exported(env: Mapping[str, str], launcher: Launcher) -> list[str]:
@@ -165,7 +185,8 @@ def step_argv(launcher: Launcher, nnodes: int, part: NodePart, command: Sequence
               env: Mapping[str, str]) -> list[str]:
     """The planner's argv of one multi-node step: the launcher, then one node step per node,
     with the planner's interpreter in `command` replaced by PYTHON_SLOT."""
-    words = ["srun", *srun_flags(nnodes, part.gpus_per_node, step_exported(env, launcher))] \
+    words = ["srun", *srun_flags(nnodes, part.gpus_per_node, step_exported(env, launcher),
+                                 job_cpus_per_node(env))] \
         if launcher.is_srun else [word.replace(NNODES_SLOT, str(nnodes)) for word in launcher.words]
     node_step = [launcher.node_python, "-m", "multicard.run.node_step", "--nnodes", str(nnodes),
                  "--node-rank-env", launcher.node_rank_env, "--dir", str(part.trial_dir),
@@ -243,10 +264,17 @@ def node_dir(trial_dir: Path, rank: int) -> Path:
 
 
 def node_reports(trial_dir: Path, nnodes: int) -> list[dict[str, Any]]:
-    """What each node's part recorded (node.json), in node order; a node that never started its
-    part, or died before writing, has `{"node": R, "started": false}` or no `returncode`."""
-    return [integrity.read_json_object(node_dir(trial_dir, rank) / NODE_JSON) or
-            {"node": rank, "started": False} for rank in range(nnodes)]
+    """What each node's part recorded (node.json), in node order, with its last heartbeat
+    (`last_beat_unix`) where it beat; a node that never started its part, or died before writing,
+    has `{"node": R, "started": false}` or no `returncode`."""
+    reports = []
+    for rank in range(nnodes):
+        report = integrity.read_json_object(node_dir(trial_dir, rank) / NODE_JSON) or \
+            {"node": rank, "started": False}
+        with contextlib.suppress(OSError, ValueError):
+            report["last_beat_unix"] = float((node_dir(trial_dir, rank) / HEARTBEAT_FILE).read_text())
+        reports.append(report)
+    return reports
 
 
 # srun's own words for a task the cgroup's OOM killer hit ("tasks 1-3" for several)
@@ -269,8 +297,38 @@ class Blame:
     """Which node's part ended the trial, and how; the others that failed are collateral."""
 
     node: int | None  # None: no node failed by itself (all never started, or all were stopped)
-    how: str  # "oom", "lost" (killed without a word), "failed", "never started", "stopped", "ok"
+    how: str  # "oom", "lost" (killed without a word), "failed", "never started", "hung",
+    # "stopped", "ok"
     collateral: tuple[int, ...] = ()
+
+
+# Each node's part writes the time into HEARTBEAT_FILE every HEARTBEAT_S while its torchrun runs.
+# A part whose last beat is HUNG_AFTER_S older than another's, while neither has ended, is hung
+# (a node that stopped answering: its kernel, its file system, a SIGSTOP): a trial that then runs
+# past its timeout is that node's failure, not a slow trial to keep as censored.
+HEARTBEAT_FILE = "heartbeat"
+HEARTBEAT_S = 5.0
+HUNG_AFTER_S = 60.0
+
+
+def beat(where: Path, stop: Any, every_s: float = HEARTBEAT_S) -> None:
+    """Write the time to where/HEARTBEAT_FILE now and every `every_s` until `stop` (an Event) is set."""
+    while True:
+        with contextlib.suppress(OSError):
+            integrity.write_text_atomic(where / HEARTBEAT_FILE, f"{time.time():.3f}\n")
+        if stop.wait(every_s):
+            return
+
+
+def hung_nodes(reports: Sequence[Mapping[str, Any]], after_s: float = HUNG_AFTER_S) -> list[int]:
+    """The nodes whose part had not ended and whose last beat is `after_s` older than the
+    freshest part's (module constants); [] where fewer than two parts beat."""
+    beats = {int(r["node"]): float(r["last_beat_unix"]) for r in reports if "last_beat_unix" in r}
+    if len(beats) < 2:
+        return []
+    freshest = max(beats.values())
+    running = {int(r["node"]) for r in reports if r.get("started", True) and "returncode" not in r}
+    return sorted(n for n, t in beats.items() if n in running and freshest - t > after_s)
 
 
 def blame(reports: Sequence[Mapping[str, Any]], tails: Mapping[int, str], launcher_text: str,
@@ -290,9 +348,13 @@ def blame(reports: Sequence[Mapping[str, Any]], tails: Mapping[int, str], launch
     bad = [r for r in reports if not r.get("started", True) or r.get("returncode", 1) != 0]
     oom = sorted(srun_oom_nodes(launcher_text) |
                  {int(r["node"]) for r in started if is_oom(tails.get(int(r["node"]), ""))})
-    lost = [int(r["node"]) for r in started if "returncode" not in r and by_itself(r)]
     failed = sorted((float(r.get("ended_unix", math.inf)), int(r["node"])) for r in started
                     if r.get("returncode", 0) != 0 and "returncode" in r and by_itself(r))
+    first_failure = failed[0][0] if failed else math.inf
+    # killed without a word: lost, unless it still beat when another part failed by itself
+    # (then the launcher's kill of the step took it, before its part could say it was told)
+    lost = [int(r["node"]) for r in started if "returncode" not in r and by_itself(r)
+            and float(r.get("last_beat_unix", -math.inf)) + HEARTBEAT_S < first_failure]
     never = [int(r["node"]) for r in reports if not r.get("started", True)]
     for how, nodes in (("oom", oom), ("lost", lost), ("failed", [n for _, n in failed]),
                        ("never started", never)):
@@ -315,7 +377,9 @@ def blame_message(found: Blame, reports: Sequence[Mapping[str, Any]]) -> str:
     said = {"oom": "ran out of memory", "never started": "never started its part",
             "lost": "ended without an exit status (its part was killed: the node died, or the "
                     "launcher ended it)",
-            "failed": f"failed first (torchrun exit status {report.get('returncode')})"}[found.how]
+            "failed": f"failed first (torchrun exit status {report.get('returncode')})",
+            "hung": f"stopped making progress (its part's heartbeat fell {HUNG_AFTER_S:.0f} s or "
+                    "more behind the others' before the timeout: a hung node)"}[found.how]
     collateral = ", ".join(str(n) for n in found.collateral)
     return f"{describe_node(reports, found.node)} {said}" + \
         (f"; node {collateral} ended after it (collateral)" if collateral else "")

@@ -103,24 +103,44 @@ def lease_refusal(held: dict[str, Any], me: dict[str, Any], lease: Path,
             f"squeue, or it failed); if it has ended, remove {lease} and run again")
 
 
-def _take_lease(lease: Path, me: dict[str, Any]) -> None:
-    """Write our lease with O_EXCL: of two jobs on two hosts taking a stale lease at once, one
-    fails here instead of both holding the run."""
-    lease.unlink(missing_ok=True)
+TAKEN = "another job took this directory's lease just now; wait for it or use another --out"
+
+
+def _take_lease(lease: Path, me: dict[str, Any], stale: dict[str, Any] | None) -> None:
+    """Write our lease with O_EXCL, after moving away the `stale` one we judged (never a lease
+    we did not read): of two jobs on two hosts that take it at once, exactly one holds it; the
+    other fails here, before writing anything."""
+    if stale is not None:
+        _remove_stale(lease, me, stale)
     try:
         fd = os.open(lease, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
-        raise InputError(f"{lease.parent}: another job took this directory's lease just now; wait "
-                         "for it or use another --out") from None
+        raise InputError(f"{lease.parent}: {TAKEN}") from None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(me))
     except OSError:  # a full disk: no empty lease left behind
         lease.unlink(missing_ok=True)
         raise
-    if integrity.read_json_object(lease) != me:  # another host removed ours and wrote its own meanwhile
-        raise InputError(f"{lease.parent}: another job took this directory's lease just now; wait "
-                         "for it or use another --out")
+    if integrity.read_json_object(lease) != me:  # cannot happen with O_EXCL: said, not assumed
+        raise InputError(f"{lease.parent}: {TAKEN}")
+
+
+def _remove_stale(lease: Path, me: dict[str, Any], stale: dict[str, Any]) -> None:
+    """rename(2) is atomic: of two jobs removing the same stale lease only one moves it. One that
+    moved a newer lease (another job's, taken meanwhile) puts it back and fails."""
+    moved = lease.with_name(f"{lease.name}.{me['host']}.{me['pid']}.stale")
+    try:
+        lease.rename(moved)
+    except FileNotFoundError:  # another job moved it first: the O_EXCL create decides
+        return
+    if integrity.read_json_object(moved) == stale:
+        moved.unlink(missing_ok=True)
+        return
+    with contextlib.suppress(FileExistsError):
+        os.link(moved, lease)  # back where it was, unless a third job wrote one meanwhile
+    moved.unlink(missing_ok=True)
+    raise InputError(f"{lease.parent}: {TAKEN}")
 
 
 @contextlib.contextmanager
@@ -138,7 +158,7 @@ def run_lock(out: Path) -> Iterator[None]:
     try:
         if (held := integrity.read_json_object(lease)) and (why := lease_refusal(held, me, lease)):
             raise InputError(f"{out}: {why}; or use another --out")
-        _take_lease(lease, me)
+        _take_lease(lease, me, held)
         try:
             yield
         finally:

@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -80,7 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     where = cluster.node_dir(args.dir, rank)
     where.mkdir(parents=True, exist_ok=True)
     report = describe_node(rank, command, args.ranks_per_node)
+    # before anything slow (staging, torchrun's start): a stop the launcher sends from now on is
+    # written down, so that this part is never taken for a node that died by itself
+    stopping = Stopping(where, report)
+    for sig in FORWARDED:
+        signal.signal(sig, stopping.handle)
     integrity.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
+    threading.Thread(target=cluster.beat, args=(where, stopping.beating_done), daemon=True).start()
     if rank == 0 and (problem := cluster.endpoint_problem(command)):  # fail now, not at the timeout
         return _ended_here(where, report, problem, 2)
     env = node_env(args, rank)
@@ -89,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             report["page_cache"] = set_page_cache(args.page_cache, args.page_cache_tree, args.stage_dir, env)
         except OSError as exc:  # a full or missing scratch disk: this node's failure, said
             return _ended_here(where, report, f"staging {args.page_cache_tree} to {args.stage_dir}: {exc}", 1)
-    returncode = run_forwarding_signals(command, env, where, args.dir, report)
+    returncode = run_forwarding_signals(command, env, where, args.dir, report, stopping)
+    stopping.beating_done.set()
     ended = time.time()
     report |= {"returncode": returncode, "ended_unix": round(ended, 3),
                "wall_s": round(ended - report["started_unix"], 3)}
@@ -133,8 +141,30 @@ def _ended_here(where: Path, report: dict[str, Any], problem: str, returncode: i
     return returncode
 
 
+class Stopping:
+    """The launcher's stop, from node_step's start on: written to node.json at once (before a
+    KILL can follow: what ended this part was another's failure), then passed to torchrun once
+    it runs, or, before it does, ending this part with 128 + the signal."""
+
+    def __init__(self, where: Path, report: dict[str, Any]) -> None:
+        self.where, self.report = where, report
+        self.child: subprocess.Popen[bytes] | None = None
+        self.beating_done = threading.Event()
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if "stop_unix" not in self.report:
+            self.report.update(stop_signal=signal.Signals(signum).name, stop_unix=round(time.time(), 3))
+            integrity.write_text_atomic(self.where / cluster.NODE_JSON, json.dumps(self.report, indent=1))
+        if self.child is not None:
+            self.child.send_signal(signum)
+            return
+        self.report |= {"returncode": 128 + signum, "ended_unix": round(time.time(), 3)}
+        integrity.write_text_atomic(self.where / cluster.NODE_JSON, json.dumps(self.report, indent=1))
+        os._exit(128 + signum)  # before torchrun: nothing of this part to wait for
+
+
 def run_forwarding_signals(command: list[str], env: dict[str, str], where: Path, trial_dir: Path,
-                           report: dict[str, Any]) -> int:
+                           report: dict[str, Any], stopping: Stopping) -> int:
     """torchrun as a child: it dies with this process (a node part killed with SIGKILL leaves no
     trainer behind), and a stop the launcher sends (srun forwards scancel's SIGTERM, and ends
     the other nodes' parts when one fails) reaches it. The first stop is written to node.json
@@ -146,15 +176,9 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], where: Path,
             observe.Observer(trial_dir):
         child = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env,
                                  preexec_fn=lambda: launch.set_parent_death_signal(parent))
-
-        def forward(signum: int, frame: FrameType | None) -> None:
-            if "stop_unix" not in report:
-                report.update(stop_signal=signal.Signals(signum).name, stop_unix=round(time.time(), 3))
-                integrity.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
-            child.send_signal(signum)
-
-        for sig in FORWARDED:
-            signal.signal(sig, forward)
+        stopping.child = child
+        if "stop_unix" in report:  # told to stop while torchrun was starting
+            child.send_signal(signal.Signals[report["stop_signal"]])
         returncode = child.wait()
     # a rank torchrun left behind is this process's now: it must not live on into the next
     # trial, which meets at the same port

@@ -6,9 +6,10 @@ The step is a trial's step without the workload: the launcher starts each node's
 (multicard.run.node_step, inside the step wrapper), which starts torchrun with the trial's ranks per
 node; every rank joins one all_reduce across all nodes (gloo on CPU, NCCL on GPUs), and each
 node's first rank writes preflight-node<R>.json: its host, Python, multicard and torch, the
-GPUs it sees, whether it sees the run's folders (data, cache, run directory), the sum it got
-and its whole environment as env.json has it (the trials' environment is the nodes' image, not
-the planner's host). `problems` reads what the nodes left; the planner writes preflight.json.
+GPUs it sees, the CPUs the step binds it to, whether it sees the run's folders (data, cache,
+run directory), the sum it got and its whole environment as env.json has it (the trials'
+environment is the nodes' image, not the planner's host). `problems` reads what the nodes
+left; the planner writes preflight.json.
 
     python -m multicard.run.preflight --out DIR --device cpu|cuda   (one rank; torchrun starts it)
 """
@@ -43,7 +44,8 @@ def node_file(out: Path, node: int) -> Path:
 
 def problems(step_dir: Path, nnodes: int, gpus_per_node: int, returncode: int | None,
              timed_out: bool, launcher_tail: str, tails: Mapping[int, str],
-             version: str = multicard.__version__) -> list[str]:
+             version: str = multicard.__version__, cpus_per_node: int | None = None,
+             commit: str | None = None) -> list[str]:
     """What stops the run from going on, first the most telling; [] when every node passed."""
     reports = cluster.node_reports(step_dir, nnodes)
     if not any(r.get("started", True) for r in reports):
@@ -57,10 +59,11 @@ def problems(step_dir: Path, nnodes: int, gpus_per_node: int, returncode: int | 
     if timed_out:
         found.append(f"the step did not end within {TIMEOUT_S} s")
     seen = [integrity.read_json_object(node_file(step_dir, n)) for n in range(nnodes)]
-    return found + _compare(seen, gpus_per_node, version)
+    return found + _compare(seen, gpus_per_node, version, cpus_per_node, commit)
 
 
-def _compare(seen: Sequence[dict[str, Any] | None], gpus_per_node: int, version: str) -> list[str]:
+def _compare(seen: Sequence[dict[str, Any] | None], gpus_per_node: int, version: str,
+             cpus_per_node: int | None = None, commit: str | None = None) -> list[str]:
     found = [f"node {n} wrote no {node_file(Path(), n).name}" for n, s in enumerate(seen) if s is None]
     present = [s for s in seen if s is not None]
     found += [f"node {s['node']} ({s['host']}) does not see {path}: bind it into the image at the "
@@ -68,8 +71,16 @@ def _compare(seen: Sequence[dict[str, Any] | None], gpus_per_node: int, version:
     found += [f"node {s['node']} ({s['host']}) runs multicard {s['multicard']}, the planner "
               f"{version}: install the same on both" for s in present
               if s.get("multicard") not in (None, version)]
+    # the version is the same for every commit: the image must be built from the planner's
+    found += [f"node {s['node']} ({s['host']}) runs multicard of commit {s['commit'][:12]}, the "
+              f"planner of {commit[:12]}: rebuild the image from this checkout" for s in present
+              if commit and s.get("commit") and s["commit"] != commit]
     found += [f"node {s['node']} ({s['host']}): all_reduce gave {s['all_reduce']}, expected "
               f"{s['expected']}" for s in present if s["all_reduce"] != s["expected"]]
+    if cpus_per_node:  # the step's binding: every rank and loader worker of the node shares it
+        found += [f"node {s['node']} ({s['host']}): the step is bound to {s['cpus']} CPU(s) of the "
+                  f"{cpus_per_node} the job holds there (srun --cpus-per-task)" for s in present
+                  if isinstance(s.get("cpus"), int) and s["cpus"] < cpus_per_node]
     if gpus_per_node:
         found += [f"node {s['node']} ({s['host']}) sees {len(s['gpus'])} GPU(s), the trials need "
                   f"{gpus_per_node}" for s in present if len(s["gpus"]) < gpus_per_node]
@@ -116,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         integrity.write_text_atomic(node_file(args.out, node), json.dumps({
             "node": node, "host": socket.gethostname(), "python": sys.executable,
             "multicard": multicard.__version__, "torch": torch.__version__, "gpus": gpus,
+            "cpus": len(os.sched_getaffinity(0)), "commit": environment.source_commit(),
             "paths": {path: Path(path).is_dir() for path in args.path}, "all_reduce": value.item(),
             "expected": world * (world + 1) / 2, "env": environment.capture_env()}, indent=1))
     dist.destroy_process_group()

@@ -76,8 +76,10 @@ class ClusterFailure(RunStopped):
     """The nodes cannot run trials: the preflight failed, or trials in a row never started."""
 
 
-# trials in a row that started on no node before the run stops (a launcher that broke mid-run)
+# multi-node trials in a row that never started on some node, or failed within FAST_FAIL_S of
+# their step's start, before the run stops (a launcher, an image or a node that broke mid-run)
 MAX_UNSTARTED = 3
+FAST_FAIL_S = 10.0
 # how long a run waits for another preparing the same inputs in a shared cache
 PREPARE_WAIT_S = 3600.0
 
@@ -402,13 +404,23 @@ class Tally:
         eta = sum(self.walls) / len(self.walls) * remaining if self.walls else 0.0
         self.echo(f"[{index + 1:>{len(str(self.todo))}}/{self.todo}] {what}: {status} in "
                   f"{record['wall_s']:.1f} s | ETA {format_duration(eta)}")
-        error = record.get("error") or {}
-        # a step where some node never started its part: the launcher, or that node, is broken
-        never = any(not n.get("started", True) for n in record.get("nodes", []))
-        self.unstarted = self.unstarted + 1 if never else 0
+        self._count_broken(record)
+
+    def _count_broken(self, record: dict[str, Any]) -> None:
+        """Multi-node steps where some node never started its part, or that failed within
+        FAST_FAIL_S (a node's image that cannot import, a bind path gone): the launcher or a node
+        is broken. Single-node trials between them neither count nor reset the count."""
+        nodes = record.get("nodes")
+        if not nodes:
+            return
+        never = any(not n.get("started", True) for n in nodes)
+        fast = record["status"] == "failed" and record["wall_s"] < FAST_FAIL_S
+        self.unstarted = self.unstarted + 1 if never or fast else 0
         if self.unstarted >= MAX_UNSTARTED:
-            raise ClusterFailure(f"{self.unstarted} trials in a row where a node never started its "
-                                 f"part (the last: {error.get('message')}); the run stops, their "
+            error = record.get("error") or {}
+            raise ClusterFailure(f"{self.unstarted} multi-node trials in a row where a node never "
+                                 f"started its part or the step failed within {FAST_FAIL_S:.0f} s "
+                                 f"(the last: {error.get('message')}); the run stops, their "
                                  "records say so; fix the launcher or the node and run the same "
                                  "command to resume")
 
@@ -444,7 +456,10 @@ def _preflight(spec: Spec, out: Path, data_dir: Path, nodes: Nodes, multi: list[
                                            step_dir, preflight.TIMEOUT_S, False, [], False)
     tails = {n: _tail(cluster.node_dir(step_dir, n) / "stderr.log") for n in range(nnodes)}
     found = preflight.problems(step_dir, nnodes, gpus, returncode, timed_out,
-                               _tail(step_dir / "stderr.log"), tails)
+                               _tail(step_dir / "stderr.log"), tails,
+                               cpus_per_node=cluster.job_cpus_per_node(os.environ)
+                               if nodes.launcher.is_srun else None,
+                               commit=environment.source_commit())
     wall = time.monotonic() - t0
     integrity.write_text_atomic(out / preflight.SUMMARY, json.dumps(
         preflight.summary(step_dir, nnodes, found, wall), indent=1))
@@ -729,8 +744,8 @@ def _classify_nodes(trial_dir: Path, reports: list[dict[str, Any]], returncode: 
     tails = {int(r["node"]): _tail(cluster.node_dir(trial_dir, int(r["node"])) / "stderr.log")
              for r in reports}
     # past the timeout this planner ended the step (srun then kills every node's part at once):
-    # no node caused it
-    found = cluster.blame(reports, tails, own, is_oom) if not timed_out else cluster.Blame(None, "stopped")
+    # no node caused it, unless one had stopped making progress (a hung node)
+    found = _timed_out_blame(reports) if timed_out else cluster.blame(reports, tails, own, is_oom)
     quarter = STDERR_TAIL_CHARS // 4
     cause = tails.get(found.node if found.node is not None else 0, "")
     tail = own[-quarter:] + cause[-(STDERR_TAIL_CHARS - quarter):]
@@ -744,11 +759,20 @@ def _classify_nodes(trial_dir: Path, reports: list[dict[str, Any]], returncode: 
     status, error = classify(returncode, timed_out, tail, result, timeout_s, named)
     if found.how == "oom" and status not in ("timeout", "oom"):  # the cause, whatever the ranks said
         status, error = "oom", {"type": "OutOfMemory", "message": said, "stderr_tail": tail}
+    if found.how == "hung":  # a failure of that node, run again on resume: not a censored time
+        status, error = "failed", {"type": "NodeHung", "message": said, "stderr_tail": tail}
     if error is not None and found.node is not None:
         if said not in error["message"]:
             error["message"] = f"{error['message']} ({said})"
         error |= {"node": found.node, "collateral": list(found.collateral)}
     return status, error
+
+
+def _timed_out_blame(reports: list[dict[str, Any]]) -> cluster.Blame:
+    hung = cluster.hung_nodes(reports)
+    if not hung:
+        return cluster.Blame(None, "stopped")
+    return cluster.Blame(hung[0], "hung", tuple(int(r["node"]) for r in reports if int(r["node"]) != hung[0]))
 
 
 def is_oom(text: str) -> bool:

@@ -726,6 +726,9 @@ def test_the_plan_knows_which_claims_each_profile_can_decide() -> None:
     smoke = specmod.load(EXPERIMENTS / "table2_precision.toml", "smoke")
     assert not claims.can_decide(by_id["C1"], smoke)  # CPU trials, a claim about cuda
     assert claims.decided_by(by_id["C10"], [table2]) == [0, 0]
+    # the loader alone trains nothing: the judge never reads it, and the plan does not offer it
+    alone = specmod.load(EXPERIMENTS / "figure6_loaders.toml", "loader_only")
+    assert not any(claims.can_decide(by_id[c], alone) for c in ("C8", "C11", "C12"))
 
 
 def test_a_run_that_cannot_answer_the_numa_test_leaves_c10_to_the_one_that_can() -> None:

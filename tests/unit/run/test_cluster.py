@@ -24,11 +24,12 @@ def test_srun_steps_run_the_image_s_python_on_every_node(tmp_path: Path) -> None
             "NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "8", "HOME": "/home/u", "SECRET": "x"}
     command = [sys.executable, "-m", "torch.distributed.run", "--no-python", sys.executable, "-m", "w"]
     argv = cluster.step_argv(launcher, 3, part, command, host)
-    assert argv[:11] == ["srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--relative=0",
+    assert argv[:12] == ["srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--relative=0",
                          "--kill-on-bad-exit=1", "--label", "--mpi=none",
-                         "--export=HOME,NCCL_DEBUG,OMP_NUM_THREADS", "--gpus-per-node=4", "--exact"]
-    assert argv[11:14] == ["/usr/bin/apptainer", "exec", "/x.sif"]
-    assert argv[14:] == ["python3", "-m", "multicard.run.node_step", "--nnodes", "3",
+                         "--export=HOME,NCCL_DEBUG,OMP_NUM_THREADS", "--gpus-per-node=4", "--exact",
+                         "--immediate=300"]  # a step not created in 5 minutes fails, not waits
+    assert argv[12:15] == ["/usr/bin/apptainer", "exec", "/x.sif"]
+    assert argv[15:] == ["python3", "-m", "multicard.run.node_step", "--nnodes", "3",
                          "--node-rank-env", "SLURM_NODEID", "--dir", str(tmp_path / "t"),
                          "--ranks-per-node", "4", "--env", "A=1", "--env", "B=2", "--",
                          "{python}", "-m", "torch.distributed.run", "--no-python", "{python}", "-m", "w"]
@@ -39,7 +40,7 @@ def test_without_a_wrapper_the_nodes_run_the_planner_s_python_and_get_its_paths(
     launcher = cluster.Launcher(("srun",), "SLURM_NODEID")
     argv = cluster.step_argv(launcher, 2, cluster.NodePart(Path("t"), 1, 0, {}), ["x"],
                              {"PATH": "/p", "PYTHONPATH": "/s", "SLURM_JOB_ID": "1"})
-    assert "--export=PATH,PYTHONPATH" in argv and argv[argv.index("--mpi=none") + 3] == sys.executable
+    assert "--export=PATH,PYTHONPATH" in argv and argv[argv.index("--mpi=none") + 4] == sys.executable
     # a CPU trial takes no GPU, not even the job's default
     assert "--gres=none" in argv and not any(word.startswith("--gpus-per-node") for word in argv)
     assert "--export=NONE" in cluster.step_argv(launcher, 2, cluster.NodePart(Path("t"), 1, 0, {}),
@@ -306,3 +307,81 @@ def test_multicard_s_own_files_reach_the_nodes_as_their_own_and_host_paths_do_no
     # without a wrapper the nodes run the planner's Python: its PYTHONPATH stays
     own = cluster.step_argv(cluster.Launcher(("srun",), "SLURM_NODEID"), 2, part, ["x"], {})
     assert "PYTHONPATH={multicard}/hooks/pin_memory:/home/u/mc/src" in own
+
+
+@pytest.mark.parametrize(("env", "cpus"), [
+    ({"SLURM_JOB_CPUS_PER_NODE": "64(x2),32"}, 32), ({"SLURM_JOB_CPUS_PER_NODE": "128(x4)"}, 128),
+    ({"SLURM_CPUS_ON_NODE": "16"}, 16), ({}, None), ({"SLURM_JOB_CPUS_PER_NODE": "junk"}, None)])
+def test_the_job_s_cpus_per_node_are_its_fewest_on_any_node(env: dict[str, str], cpus: int | None) -> None:
+    assert cluster.job_cpus_per_node(env) == cpus
+
+
+def test_a_step_asks_for_the_job_s_cpus_on_its_srun_line(tmp_path: Path) -> None:
+    # Slurm 23.11 on reads neither SRUN_CPUS_PER_TASK nor the job's --cpus-per-task for a step:
+    # with --exact and nothing on the line, each node's part (every rank) gets one CPU
+    launcher = cluster.Launcher(("srun",), "SLURM_NODEID", ("/usr/bin/apptainer", "exec", "/x.sif"),
+                                "python3")
+    part = cluster.NodePart(tmp_path / "t", 4, 4, {})
+    argv = cluster.step_argv(launcher, 2, part, ["x"], {"SLURM_JOB_CPUS_PER_NODE": "96(x2)"})
+    assert argv[9:13] == ["--gpus-per-node=4", "--exact", "--cpus-per-task=96", "--immediate=300"]
+
+
+@pytest.mark.parametrize(("flags", "bound"), [(["--exact"], 1), (["--cpus-per-task=2"], 2), ([], None)])
+def test_the_stand_in_srun_binds_cpus_as_slurm_23_11_does(tmp_path: Path, flags: list[str],
+                                                          bound: int | None) -> None:
+    srun = ROOT / "tests" / "fixtures" / "wrappers" / "fake_srun.py"
+    done = subprocess.run([sys.executable, str(srun), "--nodes=1", "--ntasks=1", *flags, sys.executable,
+                           "-c", "import os; print(len(os.sched_getaffinity(0)))"],
+                          env={**os.environ, "FAKE_SRUN_STATE": str(tmp_path)}, capture_output=True,
+                          text=True, timeout=60, check=True)
+    own = len(os.sched_getaffinity(0))
+    assert int(done.stdout) == (own if bound is None else min(bound, own))
+
+
+def test_the_stand_in_srun_gives_up_creating_a_step_past_immediate(tmp_path: Path) -> None:
+    srun = ROOT / "tests" / "fixtures" / "wrappers" / "fake_srun.py"
+    env = {**os.environ, "FAKE_SRUN_STATE": str(tmp_path), "FAKE_SRUN_CREATE_S": "100000"}
+    # it answers at once: a model that sat out the 300 s would run past this timeout
+    done = subprocess.run([sys.executable, str(srun), "--nodes=1", "--ntasks=1", "--immediate=300",
+                           "true"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Requested nodes are busy" in done.stderr
+
+
+def test_a_node_whose_heartbeat_fell_behind_before_a_timeout_is_hung(tmp_path: Path) -> None:
+    write_node(tmp_path, 0)
+    write_node(tmp_path, 1)  # stopped: no exit status, its heartbeat 100 s behind node 0's
+    write_node(tmp_path, 2, returncode=0, ended_unix=5.0)  # ended early: not a hang
+    for node, last in ((0, 1000.0), (1, 900.0), (2, 5.0)):
+        (cluster.node_dir(tmp_path, node) / cluster.HEARTBEAT_FILE).write_text(f"{last}\n")
+    reports = cluster.node_reports(tmp_path, 3)
+    assert cluster.hung_nodes(reports) == [1]
+    said = cluster.blame_message(cluster.Blame(1, "hung", (0, 2)), reports)
+    assert said.startswith("node 1 (n1) stopped making progress") and "collateral" in said
+    # beats within HUNG_AFTER_S of each other, or a single beat: a slow trial, nobody's fault
+    (cluster.node_dir(tmp_path, 1) / cluster.HEARTBEAT_FILE).write_text("990.0\n")
+    assert cluster.hung_nodes(cluster.node_reports(tmp_path, 3)) == []
+    (cluster.node_dir(tmp_path, 1) / cluster.HEARTBEAT_FILE).unlink()
+    (cluster.node_dir(tmp_path, 2) / cluster.HEARTBEAT_FILE).unlink()
+    assert cluster.hung_nodes(cluster.node_reports(tmp_path, 3)) == []
+
+
+def test_a_node_part_beats_until_told_to_stop(tmp_path: Path) -> None:
+    import threading
+
+    stop = threading.Event()
+    stop.set()  # one beat, then it returns
+    cluster.beat(tmp_path, stop, every_s=0.0)
+    assert float((tmp_path / cluster.HEARTBEAT_FILE).read_text()) > 0
+
+
+def test_a_part_killed_while_it_still_beat_after_another_failed_is_collateral(tmp_path: Path) -> None:
+    # node 1 failed by itself at t=10; srun's kill reached node 0 before its part could write
+    # that it was told to stop (no stop_unix, no exit status): it still beat at t=9, so it was
+    # alive when node 1 failed, and is collateral, not lost
+    write_node(tmp_path, 0)
+    write_node(tmp_path, 1, returncode=1, ended_unix=10.0)
+    (cluster.node_dir(tmp_path, 0) / cluster.HEARTBEAT_FILE).write_text("9.0\n")
+    assert cluster.blame(cluster.node_reports(tmp_path, 2), {}, "", oom) == cluster.Blame(1, "failed", (0,))
+    # its last beat long before node 1 failed: it died first, and node 1 failed for want of it
+    (cluster.node_dir(tmp_path, 0) / cluster.HEARTBEAT_FILE).write_text("2.0\n")
+    assert cluster.blame(cluster.node_reports(tmp_path, 2), {}, "", oom) == cluster.Blame(0, "lost", (1,))

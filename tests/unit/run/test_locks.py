@@ -99,6 +99,26 @@ def test_a_lease_nothing_here_can_check_is_refused_with_the_way_out(
         pass
 
 
+def test_two_jobs_taking_one_lease_at_once_never_both_hold_it(tmp_path: Path) -> None:
+    # two hosts whose flock does not reach each other, both past the lease check
+    lease = tmp_path / locks.OWNER_FILE
+    first = {"slurm_job": "51", "host": "node1", "pid": 1}
+    second = {"slurm_job": "52", "host": "node2", "pid": 2}
+    locks._take_lease(lease, first, None)  # no lease when either read it
+    with pytest.raises(InputError, match="another job took this directory's lease just now"):
+        locks._take_lease(lease, second, None)  # formerly: it removed the first's lease and took it
+    assert json.loads(lease.read_text()) == first
+    # both judged the same stale lease (its job had ended); the first takes it over ...
+    stale = {"slurm_job": "40", "host": "node3", "pid": 3}
+    lease.write_text(json.dumps(stale))
+    locks._take_lease(lease, first, stale)
+    # ... and the second, moving what is now the first's lease, puts it back and refuses
+    with pytest.raises(InputError, match="another job took this directory's lease just now"):
+        locks._take_lease(lease, second, stale)
+    assert json.loads(lease.read_text()) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == [locks.OWNER_FILE]  # nothing left over
+
+
 def test_a_wait_for_a_lock_ends_with_one_line(tmp_path: Path) -> None:
     lock_file = tmp_path / ".prepare.lock"
     holder = os.open(lock_file, os.O_RDWR | os.O_CREAT)

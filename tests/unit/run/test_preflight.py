@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from multicard.run import cluster, preflight
 
 
@@ -49,3 +51,31 @@ def test_a_node_that_failed_or_never_started_comes_first(tmp_path: Path) -> None
     srun = "srun: error: Unable to create step\n"
     assert preflight.problems(tmp_path / "none", 2, 0, 1, False, srun, {}) == [
         "no node started its part: the launcher exited with status 1: srun: error: Unable to create step"]
+
+
+def test_a_node_whose_step_is_bound_to_fewer_cpus_than_the_job_holds_is_named(tmp_path: Path) -> None:
+    node_left(tmp_path, 0, cpus=64)
+    node_left(tmp_path, 1, cpus=1)  # a step with --exact and no --cpus-per-task on Slurm 23.11
+    found = preflight.problems(tmp_path, 2, 4, 0, False, "", {}, version="1.0", cpus_per_node=64)
+    assert found == ["node 1 (n1): the step is bound to 1 CPU(s) of the 64 the job holds there "
+                     "(srun --cpus-per-task)"]
+    assert preflight.problems(tmp_path, 2, 4, 0, False, "", {}, version="1.0") == []  # no job CPUs
+
+
+def test_a_node_whose_image_was_built_from_another_commit_is_named(tmp_path: Path) -> None:
+    # every commit is multicard 0.1.0: the version alone cannot tell a stale image
+    node_left(tmp_path, 0, commit="a" * 40)
+    node_left(tmp_path, 1, commit="b" * 40)
+    node_left(tmp_path, 2, commit=None)  # an image built without GIT_SHA: nothing to compare
+    found = preflight.problems(tmp_path, 3, 4, 0, False, "", {}, version="1.0", commit="a" * 40)
+    assert found == ["node 1 (n1) runs multicard of commit bbbbbbbbbbbb, the planner of aaaaaaaaaaaa: "
+                     "rebuild the image from this checkout"]
+
+
+def test_the_source_commit_is_the_checkout_s_and_an_image_s_unknown_is_none(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from multicard.measure import environment
+
+    assert environment.source_commit() == environment._git()["sha"]  # this checkout
+    monkeypatch.setattr(environment, "_git", lambda source=None: {"sha": "unknown", "dirty": None})
+    assert environment.source_commit() is None

@@ -452,3 +452,28 @@ def test_a_multi_node_trial_past_its_timeout_blames_no_node(tmp_path: Path) -> N
     status, error = runner._classify_nodes(tmp_path, reports, None, True, None, 60.0)
     assert status == "timeout" and error is not None and error["message"] == "killed after 60 s"
     assert "node" not in error and "collateral" not in error
+
+
+def multi(status: str, wall_s: float, started: bool = True) -> dict[str, object]:
+    return {"status": status, "wall_s": wall_s, "error": {"message": "x"} if status != "ok" else None,
+            "nodes": [{"node": 0, "started": True}, {"node": 1, "started": started}]}
+
+
+def test_the_breaker_counts_broken_multi_node_steps_whatever_runs_between_them() -> None:
+    tally = runner.Tally(20, lambda line: None)
+    single_ok = {"status": "ok", "wall_s": 50.0, "error": None}
+    # never started, an ok single-node trial, failed 0.3 s after its start: broken twice so far
+    for i, record in enumerate([multi("failed", 1.0, started=False), single_ok, multi("failed", 0.3)]):
+        tally.add(record, "t", i)
+    with pytest.raises(runner.ClusterFailure, match="3 multi-node trials in a row where a node never "
+                                                    "started its part or the step failed within 10 s"):
+        tally.add(multi("failed", 0.3), "t", 3)
+
+
+def test_a_multi_node_step_that_ran_resets_the_breaker_and_a_slow_failure_does_not_count() -> None:
+    tally = runner.Tally(20, lambda line: None)
+    for i, record in enumerate([multi("failed", 0.3), multi("failed", 0.3), multi("ok", 40.0),
+                                multi("failed", 0.3), multi("failed", 0.3), multi("failed", 300.0),
+                                multi("timeout", 5.0)]):
+        tally.add(record, "t", i)
+    assert tally.unstarted == 0
