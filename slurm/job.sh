@@ -55,7 +55,7 @@ submit_report() {
     local where=()
     [ -n "${SLURM_JOB_PARTITION:-}" ] && where+=(--partition="$SLURM_JOB_PARTITION")
     [ -n "${SLURM_JOB_ACCOUNT:-}" ] && where+=(--account="$SLURM_JOB_ACCOUNT")
-    sbatch --parsable --dependency="afterany:$SLURM_JOB_ID" --job-name="$name" "${where[@]}" \
+    sbatch --parsable --dependency="afterany:$SLURM_JOB_ID" --job-name="$name" ${where[@]+"${where[@]}"} \
         --export="ALL,MULTICARD_SIF=$SIF" slurm/report.sbatch "$RUN" >/dev/null ||
         echo "multicard: could not submit the report job; after this job: sbatch slurm/report.sbatch $RUN"
 }

@@ -236,19 +236,27 @@ def test_a_launcher_that_never_starts_stops_the_run_before_any_trial(tmp_path: P
     assert json.loads((out / "preflight.json").read_text())["ok"] is False
 
 
-def test_a_step_bound_to_fewer_cpus_than_the_job_holds_stops_the_run_at_the_preflight(
+def test_each_step_asks_for_the_job_s_cpus_and_one_srun_refuses_stops_the_run_at_once(
         tmp_path: Path) -> None:
-    # the job says 2 more CPUs per node than this machine has: srun --cpus-per-task asks for
-    # them, the stand-in binds each "node" to what there is, and the preflight names node 0
-    spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 3, "timeout_s": 300})
-    out, held = tmp_path / "run", len(os.sched_getaffinity(0)) + 2
-    env = {**fake_slurm(tmp_path), "SLURM_JOB_CPUS_PER_NODE": f"{held}(x2)"}
+    # every step's srun line asks for the job's CPUs per node (--cpus-per-task): here all this
+    # machine has, which each "node" then gets; a job that says it holds more than there are is
+    # refused by srun at the preflight, one line, no trial
+    spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 1, "timeout_s": 300})
+    own, out = len(os.sched_getaffinity(0)), tmp_path / "run"
+    env = {**fake_slurm(tmp_path), "SLURM_JOB_CPUS_PER_NODE": f"{own}(x2)"}
     done = planner(spec, out, env, f"127.0.0.1:{free_port()}", 240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert all(f"--cpus-per-task={own}" in step["argv"] for step in steps(tmp_path))
+    preflight = json.loads((out / "preflight.json").read_text())
+    assert [n["cpus"] for n in preflight["nodes"]] == [own, own]
+    more, elsewhere = tmp_path / "more", tmp_path / "second"
+    elsewhere.mkdir()
+    env = {**fake_slurm(elsewhere), "SLURM_JOB_CPUS_PER_NODE": f"{own + 2}(x2)"}
+    done = planner(spec, more, env, f"127.0.0.1:{free_port()}", 240)
     assert done.returncode == 1, done.stdout + done.stderr
     [line] = done.stderr.strip().splitlines()
-    assert "preflight: node 0 (" in line and f"of the {held} the job holds there" in line, line
-    assert f"--cpus-per-task={held}" in steps(tmp_path)[0]["argv"]
-    assert store.read(out / "trials.jsonl") == []
+    assert "preflight: no node started its part" in line and "More processors requested" in line, line
+    assert store.read(more / "trials.jsonl") == []
 
 
 def test_trials_that_stop_starting_mid_run_stop_it(tmp_path: Path) -> None:

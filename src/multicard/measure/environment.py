@@ -187,11 +187,16 @@ def source_commit() -> str | None:
     """The commit this multicard was built from: its checkout's, an image's baked-in one, or, for
     a copy installed with `pip install .` (a Slurm batch host's), the checkout it runs in; None
     where none is known (an image built without GIT_SHA says "unknown")."""
-    for found in (_git(), _git(Path.cwd())):
-        sha = found["sha"]
-        if sha and sha != "unknown":
-            return str(sha)
-    return None
+    own = Path(__file__).resolve().parents[3]
+    places = [own] + ([Path.cwd()] if not os.environ.get("MULTICARD_IN_CONTAINER") else [])
+    for place in places:  # a multicard checkout only: not a repository a venv happens to sit in
+        project = place / "pyproject.toml"
+        if project.is_file() and 'name = "multicard"' in project.read_text():
+            sha = _git(place)["sha"]
+            if sha and sha != "unknown":
+                return str(sha)
+    sha = os.environ.get("MULTICARD_GIT_SHA")
+    return sha if sha and sha != "unknown" else None
 
 
 def storage(path: Path) -> dict[str, Any]:

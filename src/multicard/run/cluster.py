@@ -93,8 +93,8 @@ def srun_flags(nnodes: int, gpus_per_node: int, exported: Sequence[str],
     # a CPU trial's step takes no GPU: without --gres=none srun would give it the job's
     # (SLURM_GPUS_PER_NODE from sbatch is one of srun's input variables)
     gpus = [f"--gpus-per-node={gpus_per_node}", "--exact"] if gpus_per_node else ["--gres=none"]
-    # on the srun line, not in SRUN_CPUS_PER_TASK: Slurm 23.11 on reads neither that nor the
-    # job's --cpus-per-task, and a step with --exact then binds each task to one CPU
+    # on the srun line: which environment variable a step reads for it differs between Slurm
+    # versions (SRUN_CPUS_PER_TASK only 22.05-23.02), and with --exact and none each task gets one
     cpus = [f"--cpus-per-task={cpus_per_node}"] if cpus_per_node else []
     # a step srun cannot create within this (a node hung, its resources still held) fails as a
     # trial no node started, instead of waiting until the trial's timeout
@@ -351,10 +351,10 @@ def blame(reports: Sequence[Mapping[str, Any]], tails: Mapping[int, str], launch
     failed = sorted((float(r.get("ended_unix", math.inf)), int(r["node"])) for r in started
                     if r.get("returncode", 0) != 0 and "returncode" in r and by_itself(r))
     first_failure = failed[0][0] if failed else math.inf
-    # killed without a word: lost, unless it still beat when another part failed by itself
+    # killed without a word: lost, unless it still beat after another part failed by itself
     # (then the launcher's kill of the step took it, before its part could say it was told)
     lost = [int(r["node"]) for r in started if "returncode" not in r and by_itself(r)
-            and float(r.get("last_beat_unix", -math.inf)) + HEARTBEAT_S < first_failure]
+            and float(r.get("last_beat_unix", -math.inf)) < first_failure]
     never = [int(r["node"]) for r in reports if not r.get("started", True)]
     for how, nodes in (("oom", oom), ("lost", lost), ("failed", [n for _, n in failed]),
                        ("never started", never)):

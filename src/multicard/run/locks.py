@@ -108,8 +108,8 @@ TAKEN = "another job took this directory's lease just now; wait for it or use an
 
 def _take_lease(lease: Path, me: dict[str, Any], stale: dict[str, Any] | None) -> None:
     """Write our lease with O_EXCL, after moving away the `stale` one we judged (never a lease
-    we did not read): of two jobs on two hosts that take it at once, exactly one holds it; the
-    other fails here, before writing anything."""
+    we did not read): of two jobs on two hosts that take it at once, one holds it and the other
+    fails here, before writing anything."""
     if stale is not None:
         _remove_stale(lease, me, stale)
     try:
@@ -156,7 +156,11 @@ def run_lock(out: Path) -> Iterator[None]:
         raise InputError(f"{out}: another multicard run is using this directory") from None
     lease, me = out / OWNER_FILE, owner()
     try:
-        if (held := integrity.read_json_object(lease)) and (why := lease_refusal(held, me, lease)):
+        held = integrity.read_json_object(lease)
+        if held is None and lease.exists():  # never removed unread: it may be a job's, mid-write
+            raise InputError(f"{lease}: a lease that cannot be read (empty or damaged); if no job "
+                             "uses this directory, remove it and run again")
+        if held and (why := lease_refusal(held, me, lease)):
             raise InputError(f"{out}: {why}; or use another --out")
         _take_lease(lease, me, held)
         try:

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     stopping = Stopping(where, report)
     for sig in FORWARDED:
         signal.signal(sig, stopping.handle)
-    integrity.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
+    integrity.write_text_atomic(where / cluster.NODE_JSON, json.dumps(dict(report), indent=1))
     threading.Thread(target=cluster.beat, args=(where, stopping.beating_done), daemon=True).start()
     if rank == 0 and (problem := cluster.endpoint_problem(command)):  # fail now, not at the timeout
         return _ended_here(where, report, problem, 2)
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ended = time.time()
     report |= {"returncode": returncode, "ended_unix": round(ended, 3),
                "wall_s": round(ended - report["started_unix"], 3)}
-    integrity.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
+    integrity.write_text_atomic(where / cluster.NODE_JSON, json.dumps(dict(report), indent=1))
     return returncode if returncode >= 0 else 128 - returncode
 
 
@@ -137,7 +137,7 @@ def _ended_here(where: Path, report: dict[str, Any], problem: str, returncode: i
     print(f"multicard.run.node_step: error: {problem}", file=sys.stderr)
     (where / "stderr.log").write_text(f"multicard.run.node_step: error: {problem}\n")
     report |= {"returncode": returncode, "ended_unix": round(time.time(), 3), "error": problem}
-    integrity.write_text_atomic(where / cluster.NODE_JSON, json.dumps(report, indent=1))
+    integrity.write_text_atomic(where / cluster.NODE_JSON, json.dumps(dict(report), indent=1))
     return returncode
 
 
@@ -151,15 +151,18 @@ class Stopping:
         self.child: subprocess.Popen[bytes] | None = None
         self.beating_done = threading.Event()
 
+    def _write(self) -> None:
+        integrity.write_text_atomic(self.where / cluster.NODE_JSON, json.dumps(dict(self.report), indent=1))
+
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if "stop_unix" not in self.report:
             self.report.update(stop_signal=signal.Signals(signum).name, stop_unix=round(time.time(), 3))
-            integrity.write_text_atomic(self.where / cluster.NODE_JSON, json.dumps(self.report, indent=1))
+            self._write()
         if self.child is not None:
             self.child.send_signal(signum)
             return
         self.report |= {"returncode": 128 + signum, "ended_unix": round(time.time(), 3)}
-        integrity.write_text_atomic(self.where / cluster.NODE_JSON, json.dumps(self.report, indent=1))
+        self._write()
         os._exit(128 + signum)  # before torchrun: nothing of this part to wait for
 
 

@@ -759,7 +759,7 @@ def _classify_nodes(trial_dir: Path, reports: list[dict[str, Any]], returncode: 
     status, error = classify(returncode, timed_out, tail, result, timeout_s, named)
     if found.how == "oom" and status not in ("timeout", "oom"):  # the cause, whatever the ranks said
         status, error = "oom", {"type": "OutOfMemory", "message": said, "stderr_tail": tail}
-    if found.how == "hung":  # a failure of that node, run again on resume: not a censored time
+    if found.how == "hung" or (timed_out and found.node is not None):  # run again on resume
         status, error = "failed", {"type": "NodeHung", "message": said, "stderr_tail": tail}
     if error is not None and found.node is not None:
         if said not in error["message"]:
@@ -769,7 +769,10 @@ def _classify_nodes(trial_dir: Path, reports: list[dict[str, Any]], returncode: 
 
 
 def _timed_out_blame(reports: list[dict[str, Any]]) -> cluster.Blame:
-    hung = cluster.hung_nodes(reports)
+    """At a timeout: a node whose part never started while another's did (it hung before it
+    could start: a dead mount under the image), else one whose heartbeat fell behind; else none."""
+    never = [int(r["node"]) for r in reports if not r.get("started", True)]
+    hung = never if never and len(never) < len(reports) else cluster.hung_nodes(reports)
     if not hung:
         return cluster.Blame(None, "stopped")
     return cluster.Blame(hung[0], "hung", tuple(int(r["node"]) for r in reports if int(r["node"]) != hung[0]))

@@ -151,3 +151,12 @@ def test_an_append_waits_for_the_records_lock_a_bounded_time(tmp_path: Path,
     assert not trials.exists()
     store.append(trials, {"status": "ok", "trial": 0})
     assert store.read(trials) == [{"status": "ok", "trial": 0}]
+
+
+def test_a_lease_that_cannot_be_read_is_named_never_removed_unread(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / locks.OWNER_FILE).write_text("")  # a job between its O_EXCL create and its write
+    with pytest.raises(InputError, match="a lease that cannot be read"), locks.run_lock(out):
+        pass
+    assert (out / locks.OWNER_FILE).exists()

@@ -72,10 +72,13 @@ def test_a_node_whose_image_was_built_from_another_commit_is_named(tmp_path: Pat
                      "rebuild the image from this checkout"]
 
 
-def test_the_source_commit_is_the_checkout_s_and_an_image_s_unknown_is_none(
+def test_the_source_commit_is_a_multicard_checkout_s_and_an_image_s_unknown_is_none(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from multicard.measure import environment
 
     assert environment.source_commit() == environment._git()["sha"]  # this checkout
     monkeypatch.setattr(environment, "_git", lambda source=None: {"sha": "unknown", "dirty": None})
+    monkeypatch.setenv("MULTICARD_GIT_SHA", "unknown")  # an image built without GIT_SHA
     assert environment.source_commit() is None
+    monkeypatch.setenv("MULTICARD_GIT_SHA", "c" * 40)
+    assert environment.source_commit() == "c" * 40

@@ -477,3 +477,13 @@ def test_a_multi_node_step_that_ran_resets_the_breaker_and_a_slow_failure_does_n
                                 multi("timeout", 5.0)]):
         tally.add(record, "t", i)
     assert tally.unstarted == 0
+
+
+def test_at_a_timeout_a_node_that_never_started_while_another_did_is_named() -> None:
+    reports = [{"node": 0, "host": "n0", "last_beat_unix": 100.0}, {"node": 1, "started": False}]
+    assert runner._timed_out_blame(reports) == runner.cluster.Blame(1, "hung", (0,))
+    # no node started, or every node beat alike: nobody's fault, a censored timeout
+    nobody = [{"node": 0, "started": False}, {"node": 1, "started": False}]
+    assert runner._timed_out_blame(nobody).node is None
+    assert runner._timed_out_blame([{"node": 0, "last_beat_unix": 100.0},
+                                    {"node": 1, "last_beat_unix": 99.0}]).node is None
