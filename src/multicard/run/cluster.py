@@ -32,6 +32,7 @@ import shlex
 import shutil
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -302,7 +303,8 @@ class Blame:
     collateral: tuple[int, ...] = ()
 
 
-# Each node's part writes the time into HEARTBEAT_FILE every HEARTBEAT_S while its torchrun runs.
+# Each node's part writes the time into HEARTBEAT_FILE every HEARTBEAT_S from its start until
+# its torchrun ends.
 # A part whose last beat is HUNG_AFTER_S older than another's, while neither has ended, is hung
 # (a node that stopped answering: its kernel, its file system, a SIGSTOP): a trial that then runs
 # past its timeout is that node's failure, not a slow trial to keep as censored.
@@ -311,11 +313,14 @@ HEARTBEAT_S = 5.0
 HUNG_AFTER_S = 60.0
 
 
-def beat(where: Path, stop: Any, every_s: float = HEARTBEAT_S) -> None:
-    """Write the time to where/HEARTBEAT_FILE now and every `every_s` until `stop` (an Event) is set."""
+def beat(where: Path, stop: threading.Event, every_s: float = HEARTBEAT_S) -> None:
+    """Write the time to where/HEARTBEAT_FILE now and every `every_s` until `stop` is set."""
     while True:
+        # no fsync: the planner reads it live, and a shared file system under an I/O experiment
+        # should not sync every few seconds for it
         with contextlib.suppress(OSError):
-            integrity.write_text_atomic(where / HEARTBEAT_FILE, f"{time.time():.3f}\n")
+            integrity.write_bytes_atomic(where / HEARTBEAT_FILE, f"{time.time():.3f}\n".encode(),
+                                         durable=False)
         if stop.wait(every_s):
             return
 
