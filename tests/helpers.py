@@ -81,8 +81,9 @@ def trial_timeout(default_s: float) -> float:
 
 
 def gpu_run(directory: Path, experiment: str, times: dict[tuple[Any, ...], list[float]],
-            metric: str) -> Path:
-    """A run of a shipped experiment's paper profile (device cuda) with hand-made records."""
+            metric: str, also: dict[str, float] | None = None) -> Path:
+    """A run of a shipped experiment's paper profile (device cuda) with hand-made records;
+    `also`: more metrics, the same in every trial."""
     from multicard.plan import spec
     from multicard.run import store
 
@@ -96,5 +97,5 @@ def gpu_run(directory: Path, experiment: str, times: dict[tuple[Any, ...], list[
             store.append(directory / "trials.jsonl", {
                 "schema": 1, "experiment": s.name, "config_id": cid, "config": config,
                 "trial": trial, "status": "ok", "started": "2026-01-01T00:00:00+00:00",
-                "wall_s": 3600.0, "metrics": {metric: t}, "error": None, "artifacts": []})
+                "wall_s": 3600.0, "metrics": {metric: t, **(also or {})}, "error": None, "artifacts": []})
     return directory

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from multicard.run import cluster, store
+from multicard.run import cluster, runner, store
 from tests.helpers import ROOT, TINY_FIXED, write_spec
 
 pytestmark = pytest.mark.slow
@@ -273,6 +273,25 @@ def test_trials_that_stop_starting_mid_run_stop_it(tmp_path: Path) -> None:
         [(t, "failed", "NotStarted") for t in range(3)]
     assert all(r["nodes"] == [{"node": 0, "started": False}, {"node": 1, "started": False}]
                for r in records)
+
+
+def test_a_node_that_breaks_mid_run_stops_it_after_three_fast_failures(tmp_path: Path) -> None:
+    # the preflight (step 0) passes; from step 1 on node 1 dies as soon as its part has started
+    # (a node whose image or driver broke): each trial fails within a few seconds, the planner
+    # stops after three (two configs: the nodes', not one config's), naming node 1
+    spec = write_spec(tmp_path, fixed=ONE_CONFIG["fixed"], grid={"precision": ["fp32", "fp64"]},
+                      trials={"count": 3, "timeout_s": 300})
+    out = tmp_path / "run"
+    env = fake_slurm(tmp_path, kill="1+:1:0:nodes/node1/node.json")
+    done = planner(spec, out, env, f"127.0.0.1:{free_port()}")
+    assert done.returncode == 1, done.stdout + done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "3 multi-node trials in a row where a node never started its part or the step failed " \
+           "within 10 s" in line and "node 1" in line, line
+    records = store.read(out / "trials.jsonl")
+    assert len(records) == 3 and len({r["config_id"] for r in records}) == 2
+    assert all(r["status"] == "failed" and r["error"]["node"] == 1 and r["wall_s"] < runner.FAST_FAIL_S
+               for r in records), [r["error"] for r in records]
 
 
 @pytest.mark.long

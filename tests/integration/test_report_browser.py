@@ -34,7 +34,7 @@ def headless(*args: str) -> subprocess.CompletedProcess[str]:
 def test_every_figure_of_report_html_loads_in_chromium(tmp_path: Path) -> None:
     run = gpu_run(tmp_path / "t2", "table2_precision",
                   {(p, g): [16.0, 16.1, 15.9, 16.05, 15.95] if p == "fp64" else [10.0, 10.1, 9.9, 10.05, 9.95]
-                   for p in ("fp64", "fp32") for g in (1, 2)}, "train_time_s")
+                   for p in ("fp64", "fp32") for g in (1, 2)}, "train_time_s", {"energy_per_sample_j": 0.5})
     out = tmp_path / "out"
     document.write_report([run], out, claims.load(EXPERIMENTS / "claims.toml"))
     page = (out / "REPORT.html").read_text(encoding="utf-8")

@@ -16,7 +16,7 @@ import pandas as pd
 
 from multicard.judge import ladder, operating_point, stats
 from multicard.measure import energy, numa
-from multicard.plan import cost
+from multicard.plan import cost, precision
 from multicard.plan import spec as specmod
 from multicard.plan.params import PROPORTION_METRICS
 from multicard.plan.spec import Spec
@@ -293,15 +293,28 @@ def bound(spec: Spec, trials: pd.DataFrame, config: dict[str, Any], mine: pd.Dat
             "bound.hi": found.ci_hi}
 
 
-# What decides a loader's rate: a loader-only trial with these settings equal is a training
-# config's loader-only rung (the model, precision, layout and epochs do not load anything).
+# What decides a loader's rate: a loader-only trial with these settings equal, and the same
+# dtype of the batches it makes, is a training config's loader-only rung. The layout is one (the
+# DataLoader's collate makes channels_last batches, DALI writes HWC), as are the samples drawn
+# (max_steps, train_subset, seed), the CPUs its workers get (numa_policy) and the page cache;
+# the model, optimizer and epochs load nothing.
 LOADING_SETTINGS = ("device", "scenario", "data_format", "image_size", "loader", "batch_size",
-                    "num_workers", "dali_threads", "pin_memory", "gpus")
+                    "num_workers", "dali_threads", "dali_affinity", "pin_memory", "prefetch_factor",
+                    "persistent_workers", "layout", "normalize", "gpus", "nnodes", "numa_policy",
+                    "page_cache", "max_steps", "train_subset", "seed")
 LoaderRates = dict[tuple[Any, ...], float]
 
 
 def loading_key(settings: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(settings.get(k) for k in LOADING_SETTINGS)
+    return (*(settings.get(k) for k in LOADING_SETTINGS), host_dtype(settings))
+
+
+def host_dtype(settings: dict[str, Any]) -> str:
+    """The dtype of the batches the loader makes: the model's input dtype where the cast is on
+    the host (cast = host), else float32."""
+    if settings.get("cast") != "host" or settings.get("precision") not in precision.PRECISIONS:
+        return "float32"
+    return precision.input_dtype(precision.PRECISIONS[settings["precision"]])
 
 
 def is_loader_only(spec: Spec) -> bool:

@@ -21,7 +21,13 @@ from multicard.measure import gpu_state
 from multicard.plan import cost
 from multicard.plan.spec import Spec
 from multicard.publish import html
-from multicard.publish.figures import plot_breakdown, plot_ladder, plot_primary, plot_time_and_energy
+from multicard.publish.figures import (
+    energy_metric,
+    plot_breakdown,
+    plot_ladder,
+    plot_primary,
+    plot_time_and_energy,
+)
 from multicard.publish.formatting import idle_power_line, idle_power_text, label, run_nature
 from multicard.publish.runs import RunData, discover_runs, load_run, merge_shards, step_profiles
 from multicard.publish.tables import (
@@ -361,9 +367,12 @@ def _figures(spec: Spec, table: pd.DataFrame, trials: pd.DataFrame, ladder: pd.D
         lines += ["", f"![{spec.title}](figures/{name}.png)"]
     if plot_breakdown(spec, table, figures / f"{name}_breakdown.png"):
         lines += ["", f"![compute vs copy wait vs data wait](figures/{name}_breakdown.png)"]
+    unit = "token" if spec.workload == "llm" else "image"
     if plot_time_and_energy(spec, table, figures / f"{name}_energy.png"):
-        unit = "token" if spec.workload == "llm" else "image"
         lines += ["", f"![time and GPU energy per {unit}](figures/{name}_energy.png)"]
+    elif energy_metric(spec):
+        lines += ["", f"No time-and-energy figure: no config has GPU energy per {unit} (the "
+                  "table's energy columns say why)."]
     if plot_ladder(spec, table, ladder, figures / f"{name}_ladder.png"):
         ladder.to_csv(out / "tables" / f"{name}_ladder.csv", index=False)
         alone = ("; the loader alone from the loader_only run" if ladder["loader_only"].notna().any()

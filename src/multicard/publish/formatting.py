@@ -73,6 +73,15 @@ def label(metric: str) -> str:
     return METRIC_LABELS.get(metric, (metric, fmt_num))[0]
 
 
+# what a recorded value (SI units, fractions, bytes) is multiplied by to read in its label's unit
+UNIT_SCALES = {"(mJ)": 1e3, "(%)": 100.0, "(GiB)": 2.0**-30}
+
+
+def display_scale(metric: str) -> float:
+    """The factor from the recorded value to the unit its label names (a figure's axis)."""
+    return next((f for unit, f in UNIT_SCALES.items() if label(metric).endswith(unit)), 1.0)
+
+
 def format_metric(metric: str, value: float) -> str:
     return METRIC_LABELS.get(metric, (metric, fmt_num))[1](value)
 

@@ -299,7 +299,7 @@ class Blame:
 
     node: int | None  # None: no node failed by itself (all never started, or all were stopped)
     how: str  # "oom", "lost" (killed without a word), "failed", "never started", "hung",
-    # "stopped", "ok"
+    # "hung before start" (at a timeout, never started while another part ran), "stopped", "ok"
     collateral: tuple[int, ...] = ()
 
 
@@ -384,7 +384,10 @@ def blame_message(found: Blame, reports: Sequence[Mapping[str, Any]]) -> str:
                     "launcher ended it)",
             "failed": f"failed first (torchrun exit status {report.get('returncode')})",
             "hung": f"stopped making progress (its part's heartbeat fell {HUNG_AFTER_S:.0f} s or "
-                    "more behind the others' before the timeout: a hung node)"}[found.how]
+                    "more behind the others' before the timeout: a hung node)",
+            "hung before start": "never started its part while the others ran, until the "
+                                 "timeout (it hung before its part could start: a dead mount, "
+                                 "a stuck container start)"}[found.how]
     collateral = ", ".join(str(n) for n in found.collateral)
     return f"{describe_node(reports, found.node)} {said}" + \
         (f"; node {collateral} ended after it (collateral)" if collateral else "")

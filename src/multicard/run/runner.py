@@ -387,6 +387,7 @@ class Tally:
     def __init__(self, todo: int, echo: Callable[[str], None]) -> None:
         self.todo, self.echo = todo, echo
         self.ok = self.failed = self.skipped = self.unstarted = 0
+        self.broken_configs: set[str] = set()  # the configs of the streak's fast failures
         self.walls: list[float] = []
         self.left_for_later: list[tuple[str, float]] = []  # (trial, seconds needed)
 
@@ -409,14 +410,22 @@ class Tally:
     def _count_broken(self, record: dict[str, Any]) -> None:
         """Multi-node steps where some node never started its part, or that failed within
         FAST_FAIL_S (a node's image that cannot import, a bind path gone): the launcher or a node
-        is broken. Single-node trials between them neither count nor reset the count."""
+        is broken. Single-node trials between them neither count nor reset the count. Fast
+        failures of one config alone are that config's (a setting it cannot run: a resume that
+        reruns only its trials has them in a row), not the nodes': they stop the run only when
+        the streak spans two configs or holds a step that never started."""
         nodes = record.get("nodes")
         if not nodes:
             return
         never = any(not n.get("started", True) for n in nodes)
         fast = record["status"] == "failed" and record["wall_s"] < FAST_FAIL_S
-        self.unstarted = self.unstarted + 1 if never or fast else 0
-        if self.unstarted >= MAX_UNSTARTED:
+        if not (never or fast):
+            self.unstarted, self.broken_configs = 0, set()
+            return
+        self.unstarted += 1
+        self.broken_configs.add("never started" if never else str(record.get("config_id")))
+        nodes_broke = len(self.broken_configs) > 1 or "never started" in self.broken_configs
+        if self.unstarted >= MAX_UNSTARTED and nodes_broke:
             error = record.get("error") or {}
             raise ClusterFailure(f"{self.unstarted} multi-node trials in a row where a node never "
                                  f"started its part or the step failed within {FAST_FAIL_S:.0f} s "
@@ -759,7 +768,7 @@ def _classify_nodes(trial_dir: Path, reports: list[dict[str, Any]], returncode: 
     status, error = classify(returncode, timed_out, tail, result, timeout_s, named)
     if found.how == "oom" and status not in ("timeout", "oom"):  # the cause, whatever the ranks said
         status, error = "oom", {"type": "OutOfMemory", "message": said, "stderr_tail": tail}
-    if found.how == "hung" or (timed_out and found.node is not None):  # run again on resume
+    if found.how.startswith("hung") or (timed_out and found.node is not None):  # run again on resume
         status, error = "failed", {"type": "NodeHung", "message": said, "stderr_tail": tail}
     if error is not None and found.node is not None:
         if said not in error["message"]:
@@ -772,10 +781,11 @@ def _timed_out_blame(reports: list[dict[str, Any]]) -> cluster.Blame:
     """At a timeout: a node whose part never started while another's did (it hung before it
     could start: a dead mount under the image), else one whose heartbeat fell behind; else none."""
     never = [int(r["node"]) for r in reports if not r.get("started", True)]
-    hung = never if never and len(never) < len(reports) else cluster.hung_nodes(reports)
+    how, hung = ("hung before start", never) if never and len(never) < len(reports) else \
+        ("hung", cluster.hung_nodes(reports))
     if not hung:
         return cluster.Blame(None, "stopped")
-    return cluster.Blame(hung[0], "hung", tuple(int(r["node"]) for r in reports if int(r["node"]) != hung[0]))
+    return cluster.Blame(hung[0], how, tuple(int(r["node"]) for r in reports if int(r["node"]) != hung[0]))
 
 
 def is_oom(text: str) -> bool:

@@ -100,6 +100,15 @@ def test_the_loader_alone_rung_joins_on_the_loading_settings(tmp_path: Path) -> 
         ["fp32", 500.5, 900.5, 800.5], ["fp16", 500.5, 900.5, 800.5]]
     assert summarize.ladder_table(train, trials(train, {"torch": 1.0, "synthetic": 2.0}))[
         "loader_only"].isna().all()
+    # channels_last batches (layout) and fp16 batches cast on the host are other loaders: no
+    # rung from the NCHW float32 loader-alone run
+    (tmp_path / "nhwc").mkdir()
+    nhwc = spec.load(write_spec(tmp_path / "nhwc", fixed={**fixed, "cast": "host"},
+                                grid={"loader": ["torch", "synthetic"], "layout": ["nchw", "nhwc"],
+                                      "precision": ["fp32", "fp16"]}))
+    rungs = summarize.ladder_table(nhwc, trials(nhwc, {"torch": 500.0, "synthetic": 900.0}), both)
+    assert rungs.set_index(["layout", "precision"])["loader_only"].dropna().to_dict() == {
+        ("nchw", "fp32"): 800.5}
 
 
 def test_p_whole_is_the_images_over_the_whole_launch() -> None:

@@ -269,6 +269,10 @@ def test_a_metric_the_trials_could_not_measure_reads_not_measured(reported: Path
     header = next(line for line in table.splitlines() if "energy per image" in line).split("|")
     column = next(i for i, h in enumerate(header) if "energy per image" in h)
     assert energy_column[column].strip() == "not measured"  # ok trials, no energy: never 0
+    # no config has energy: no half-empty figure, a sentence instead
+    assert not (reported / "figures" / "table2_precision_energy.png").exists()
+    assert "No time-and-energy figure: no config has GPU energy per image" in (
+        reported / "REPORT.md").read_text()
 
 
 def test_a_trial_with_a_stray_context_is_warned_in_the_report_and_the_console(tmp_path: Path) -> None:
@@ -291,7 +295,8 @@ def test_a_trial_with_a_stray_context_is_warned_in_the_report_and_the_console(tm
 
 def test_an_llm_experiment_gets_its_time_and_energy_per_token_figure(tmp_path: Path) -> None:
     run = gpu_run(tmp_path / "run", "table5_llm_pin_memory",
-                  {(True, 1): [1.0, 1.1, 1.0], (False, 1): [1.2, 1.3, 1.2]}, "step_time_median_s")
+                  {(True, 1): [1.0, 1.1, 1.0], (False, 1): [1.2, 1.3, 1.2]}, "step_time_median_s",
+                  {"energy_per_token_j": 0.02})
     document.write_report([run], run)
     assert (run / "figures" / "table5_llm_pin_memory_energy.png").stat().st_size > 1000
     assert "![time and GPU energy per token](figures/table5_llm_pin_memory_energy.png)" in (

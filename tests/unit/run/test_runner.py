@@ -454,8 +454,9 @@ def test_a_multi_node_trial_past_its_timeout_blames_no_node(tmp_path: Path) -> N
     assert "node" not in error and "collateral" not in error
 
 
-def multi(status: str, wall_s: float, started: bool = True) -> dict[str, object]:
-    return {"status": status, "wall_s": wall_s, "error": {"message": "x"} if status != "ok" else None,
+def multi(status: str, wall_s: float, started: bool = True, config: str = "a") -> dict[str, object]:
+    return {"status": status, "wall_s": wall_s, "config_id": config,
+            "error": {"message": "x"} if status != "ok" else None,
             "nodes": [{"node": 0, "started": True}, {"node": 1, "started": started}]}
 
 
@@ -470,6 +471,16 @@ def test_the_breaker_counts_broken_multi_node_steps_whatever_runs_between_them()
         tally.add(multi("failed", 0.3), "t", 3)
 
 
+def test_fast_failures_of_one_config_alone_are_its_own_and_stop_nothing() -> None:
+    # a resume that reruns one config's failed trials has them in a row: a setting that config
+    # cannot run, not a broken node; a second config failing as fast is the nodes'
+    tally = runner.Tally(20, lambda line: None)
+    for i in range(5):
+        tally.add(multi("failed", 0.3, config="a"), "t", i)
+    with pytest.raises(runner.ClusterFailure, match="6 multi-node trials in a row"):
+        tally.add(multi("failed", 0.3, config="b"), "t", 5)
+
+
 def test_a_multi_node_step_that_ran_resets_the_breaker_and_a_slow_failure_does_not_count() -> None:
     tally = runner.Tally(20, lambda line: None)
     for i, record in enumerate([multi("failed", 0.3), multi("failed", 0.3), multi("ok", 40.0),
@@ -481,7 +492,11 @@ def test_a_multi_node_step_that_ran_resets_the_breaker_and_a_slow_failure_does_n
 
 def test_at_a_timeout_a_node_that_never_started_while_another_did_is_named() -> None:
     reports = [{"node": 0, "host": "n0", "last_beat_unix": 100.0}, {"node": 1, "started": False}]
-    assert runner._timed_out_blame(reports) == runner.cluster.Blame(1, "hung", (0,))
+    found = runner._timed_out_blame(reports)
+    assert found == runner.cluster.Blame(1, "hung before start", (0,))
+    said = runner.cluster.blame_message(found, reports)
+    assert said.startswith("node 1 never started its part while the others ran"), said
+    assert "heartbeat" not in said
     # no node started, or every node beat alike: nobody's fault, a censored timeout
     nobody = [{"node": 0, "started": False}, {"node": 1, "started": False}]
     assert runner._timed_out_blame(nobody).node is None
