@@ -51,10 +51,12 @@ submit_report() {
     if [ -n "$(squeue -h -u "${USER:-$(id -un)}" -n "$name" -o %i 2>/dev/null || true)" ]; then
         return
     fi
-    # the run's own partition and account: a site's default may not take the job, or bill another
-    local where=()
-    [ -n "${SLURM_JOB_PARTITION:-}" ] && where+=(--partition="$SLURM_JOB_PARTITION")
-    [ -n "${SLURM_JOB_ACCOUNT:-}" ] && where+=(--account="$SLURM_JOB_ACCOUNT")
+    # the run's own partition and account: a site's default may not take the job, or bill another;
+    # a GPU partition that refuses a job asking no GPU: MULTICARD_REPORT_PARTITION names another
+    local where=() partition=${MULTICARD_REPORT_PARTITION:-${SLURM_JOB_PARTITION:-}}
+    local account=${MULTICARD_REPORT_ACCOUNT:-${SLURM_JOB_ACCOUNT:-}}
+    [ -n "$partition" ] && where+=(--partition="$partition")
+    [ -n "$account" ] && where+=(--account="$account")
     sbatch --parsable --dependency="afterany:$SLURM_JOB_ID" --job-name="$name" ${where[@]+"${where[@]}"} \
         --export="ALL,MULTICARD_SIF=$SIF" slurm/report.sbatch "$RUN" >/dev/null ||
         echo "multicard: could not submit the report job; after this job: sbatch slurm/report.sbatch $RUN"

@@ -223,6 +223,12 @@ def test_the_report_job_runs_in_the_run_s_own_partition_and_account(tmp_path: Pa
     words = shlex.split(calls(tmp_path)[0])
     assert words[:4] == report_job("table3", tmp_path / "multicard.sif")[:4]
     assert words[4:6] == ["--partition=gpu-a", "--account=proj42"]
+    # a GPU partition that takes no job without GPUs: the report job goes where it is told
+    (tmp_path / "calls").unlink()
+    elsewhere = env | {"MULTICARD_REPORT_PARTITION": "cpu", "MULTICARD_REPORT_ACCOUNT": "p9"}
+    subprocess.run(["bash", str(SINGLENODE), "table3"], cwd=tmp_path, env=elsewhere, check=True,
+                   capture_output=True, timeout=20)
+    assert shlex.split(calls(tmp_path)[0])[4:6] == ["--partition=cpu", "--account=p9"]
 
 
 def test_one_report_job_per_run_is_enough(tmp_path: Path) -> None:

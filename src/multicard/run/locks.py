@@ -126,6 +126,19 @@ def _take_lease(lease: Path, me: dict[str, Any], stale: dict[str, Any] | None) -
         raise InputError(f"{lease.parent}: {TAKEN}")
 
 
+def lease_lost(lease: Path, me: dict[str, Any]) -> str | None:
+    """Why `lease` no longer holds our lease `me`, or None while it does. Jobs on hosts that
+    flock does not join can still, in a window of milliseconds, move a lease just taken (a
+    third job judging the same stale one; _remove_stale puts it back, unless a fourth wrote one
+    meanwhile): a run checks before each trial and stops rather than write beside another."""
+    held = integrity.read_json_object(lease)
+    if held == me:
+        return None
+    if held is None:
+        return f"{lease}: our lease is gone or cannot be read (another job moved it)"
+    return f"{lease}: our lease now names Slurm job {held.get('slurm_job')} on {held.get('host')}"
+
+
 def _remove_stale(lease: Path, me: dict[str, Any], stale: dict[str, Any]) -> None:
     """rename(2) is atomic: of two jobs removing the same stale lease only one moves it. One that
     moved a newer lease (another job's, taken meanwhile) puts it back and fails."""
@@ -144,9 +157,10 @@ def _remove_stale(lease: Path, me: dict[str, Any], stale: dict[str, Any]) -> Non
 
 
 @contextlib.contextmanager
-def run_lock(out: Path) -> Iterator[None]:
+def run_lock(out: Path) -> Iterator[Callable[[], str | None]]:
     """One writer per run directory, across hosts: flock (refusing a file system without it)
-    and a lease that a job on another host sees."""
+    and a lease that a job on another host sees. Yields a check the runner makes before each
+    trial: why the lease is no longer ours (lease_lost), or None."""
     lock_file = out / ".run.lock"
     check_flock(lock_file)
     lock = FileLock(str(lock_file), timeout=0)
@@ -164,10 +178,11 @@ def run_lock(out: Path) -> Iterator[None]:
             raise InputError(f"{out}: {why}; or use another --out")
         _take_lease(lease, me, held)
         try:
-            yield
+            yield lambda: lease_lost(lease, me)
         finally:
-            with contextlib.suppress(OSError):
-                lease.unlink()
+            if lease_lost(lease, me) is None:  # another job's lease stays where it is
+                with contextlib.suppress(OSError):
+                    lease.unlink()
     finally:
         lock.release()
 

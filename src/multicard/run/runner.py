@@ -153,14 +153,14 @@ def run(spec: Spec, out: Path, trials: int | None = None, echo: Callable[[str], 
     except OSError as exc:
         raise InputError(f"{out}: cannot create the run directory ({exc.strerror})") from None
     try:
-        with locks.run_lock(out):
+        with locks.run_lock(out) as lease_lost:
             data_dir = (data_dir or mnist.default_root()).resolve()
             with stop_on_signals():
                 _check_shard(out, shard)
                 _prepare(spec, out, data_dir, gpus)
                 _prepare_inputs(spec, out, data_dir, echo)
                 outcome = _run_pending(spec, out, data_dir, echo, nodes, deadline_unix, shard,
-                                       Estimator(spec, out, rates or {}))
+                                       Estimator(spec, out, rates or {}), lease_lost)
                 _record_gpus_at_end(out)
                 return outcome
     except Interrupted as stop:
@@ -282,7 +282,8 @@ class Estimator:
 
 def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], None],
                  nodes: Nodes | None = None, deadline_unix: float | None = None,
-                 shard: specmod.Shard | None = None, estimator: Estimator | None = None) -> RunOutcome:
+                 shard: specmod.Shard | None = None, estimator: Estimator | None = None,
+                 lease_lost: Callable[[], str | None] = lambda: None) -> RunOutcome:
     trials_file = out / store.TRIALS_FILE
     records = store.read(trials_file)
     estimator = estimator or Estimator(spec, out, {})
@@ -321,6 +322,9 @@ def _run_pending(spec: Spec, out: Path, data_dir: Path, echo: Callable[[str], No
                 tally.leave(describe(planned_trial), needed)
                 continue
         GATE.check()  # a stop that came while the last record was written
+        if why := lease_lost():
+            raise RunStopped(f"{why}; this run stops before its next trial, its {len(records)} "
+                             "record(s) kept: two jobs must not write one run directory")
         record = skipped_record(spec, planned_trial, *reason) if reason else \
             _run_recorded(spec, planned_trial, out, data_dir, nodes, trials_file)
         append_record(trials_file, record)

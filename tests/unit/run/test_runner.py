@@ -502,3 +502,27 @@ def test_at_a_timeout_a_node_that_never_started_while_another_did_is_named() -> 
     assert runner._timed_out_blame(nobody).node is None
     assert runner._timed_out_blame([{"node": 0, "last_beat_unix": 100.0},
                                     {"node": 1, "last_beat_unix": 99.0}]).node is None
+
+
+def test_a_run_whose_lease_another_job_took_stops_before_its_next_trial(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from multicard.plan import spec
+    from multicard.run import locks, store
+    from tests.helpers import write_spec
+
+    path = write_spec(tmp_path, grid={"precision": ["fp32"]}, trials={"count": 3})
+    out = tmp_path / "run"
+
+    def ran(s: spec.Spec, planned: spec.PlannedTrial, *rest: object) -> dict:
+        # during the first trial a job on another host (flock does not reach it) moves our
+        # lease and writes its own
+        (out / locks.OWNER_FILE).write_text(json.dumps({"slurm_job": "99", "host": "elsewhere", "pid": 7}))
+        return {**runner.skipped_record(s, planned, "-", "-"), "status": "ok", "error": None}
+
+    monkeypatch.setattr(runner, "run_trial", ran)
+    with pytest.raises(runner.RunStopped, match=r"our lease now names Slurm job 99 on elsewhere; this "
+                                                r"run stops before its next trial, its 1 record\(s\) kept"):
+        runner.run(spec.load(path), out, echo=lambda _: None)
+    assert [r["status"] for r in store.read(out / "trials.jsonl")] == ["ok"]
+    # the other job's lease is left as it is
+    assert json.loads((out / locks.OWNER_FILE).read_text())["slurm_job"] == "99"
