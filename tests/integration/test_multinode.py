@@ -275,6 +275,21 @@ def test_trials_that_stop_starting_mid_run_stop_it(tmp_path: Path) -> None:
                for r in records)
 
 
+def test_a_step_srun_cannot_create_is_a_trial_not_started_not_a_wait(tmp_path: Path) -> None:
+    # step 1 (the first trial) cannot be created for 100000 s (a hung node still holds its
+    # resources): srun, told --immediate, gives up at once; the trial is failed, never started,
+    # rerun on resume; the next trial runs
+    spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 2, "timeout_s": 300})
+    out = tmp_path / "run"
+    done = planner(spec, out, fake_slurm(tmp_path, create_s="100000:1"), f"127.0.0.1:{free_port()}", 300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    first, second = store.read(out / "trials.jsonl")
+    assert (first["status"], first["error"]["type"]) == ("failed", "NotStarted"), first["error"]
+    assert "Requested nodes are busy" in first["error"]["message"] and first["wall_s"] < 60
+    assert second["status"] == "ok"
+    assert all("--immediate=300" in step["argv"] for step in steps(tmp_path))
+
+
 def test_a_node_that_breaks_mid_run_stops_it_after_three_fast_failures(tmp_path: Path) -> None:
     # the preflight (step 0) passes; from step 1 on node 1 dies as soon as its part has started
     # (a node whose image or driver broke): each trial fails within a few seconds, the planner
