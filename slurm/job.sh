@@ -46,6 +46,19 @@ set_deadline() {
     fi
 }
 
+# `apptainer run --cleanenv` keeps the host's environment (a PYTHONPATH, a venv's variables) out
+# of the image; what the run needs of it goes in by name (APPTAINERENV_X is X inside): the job's
+# SLURM_* (its id for the run directory's lease, its provenance in env.json), the GPUs Slurm gave
+# it, NCCL_* a site sets, and MULTICARD_*
+pass_into_image() {
+    local name
+    for name in $(compgen -e); do
+        case $name in
+            SLURM_* | NCCL_* | MULTICARD_* | CUDA_VISIBLE_DEVICES) export "APPTAINERENV_$name=${!name}" ;;
+        esac
+    done
+}
+
 submit_report() {
     local name="multicard-report-$RUN"
     if [ -n "$(squeue -h -u "${USER:-$(id -un)}" -n "$name" -o %i 2>/dev/null || true)" ]; then

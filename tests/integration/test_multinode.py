@@ -259,6 +259,23 @@ def test_each_step_asks_for_the_job_s_cpus_and_one_srun_refuses_stops_the_run_at
     assert store.read(more / "trials.jsonl") == []
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="binding fewer CPUs needs 2")
+def test_a_step_bound_to_fewer_cpus_than_the_job_holds_stops_the_run_at_the_preflight(
+        tmp_path: Path) -> None:
+    # the job holds all this machine's CPUs on each node, but srun binds each task to one (as
+    # Slurm >= 23.11 did for a step with --exact and no --cpus-per-task): every rank and loader
+    # worker of a node would share one CPU; the preflight names the nodes, no trial starts
+    spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 1, "timeout_s": 300})
+    own, out = len(os.sched_getaffinity(0)), tmp_path / "run"
+    env = {**fake_slurm(tmp_path, cpus="1"), "SLURM_JOB_CPUS_PER_NODE": f"{own}(x2)"}
+    done = planner(spec, out, env, f"127.0.0.1:{free_port()}", 240)
+    assert done.returncode == 1, done.stdout + done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "node 0 (" in line, line
+    assert f"the step is bound to 1 CPU(s) of the {own} the job holds there" in line, line
+    assert store.read(out / "trials.jsonl") == []
+
+
 def test_trials_that_stop_starting_mid_run_stop_it(tmp_path: Path) -> None:
     # the preflight (step 0) passes; from step 1 on srun cannot create a step any more
     spec = write_spec(tmp_path, **ONE_CONFIG, trials={"count": 5, "timeout_s": 300})

@@ -26,13 +26,26 @@ PLANNER = """
 line=$(printf '%q ' "$@")
 echo "${line% }" >> "$CALLS"
 echo "SRUN_CPUS_PER_TASK=${SRUN_CPUS_PER_TASK-unset} DEADLINE=${MULTICARD_DEADLINE-unset}" \\
-    "SHARD=${MULTICARD_SHARD-unset} REPORT_ELSEWHERE=${MULTICARD_REPORT_ELSEWHERE-unset}" >> "$CALLS"
+    "SHARD=${MULTICARD_SHARD-unset} REPORT_ELSEWHERE=${MULTICARD_REPORT_ELSEWHERE-unset}" \
+    "JOB=${SLURM_JOB_ID-unset} GPUS=${CUDA_VISIBLE_DEVICES-unset} HOST_PATH=${PYTHONPATH-unset}" >> "$CALLS"
 trap 'echo "session stopped by TERM" >> "$CALLS"; kill "$!"; exit 143' TERM
 sleep "${FAKE_SESSION_S:-30}" & wait
 if [ -n "${FAKE_LEFT:-}" ]; then echo '{"left": 3}' > "$FAKE_LEFT/left.json"; fi
 exit "${FAKE_STATUS:-0}"
 """
+# `--cleanenv`, as apptainer has it: the image sees APPTAINERENV_X as X and nothing else of the
+# host's environment (but what these stand-ins need to run: PATH, CALLS, FAKE_*)
 FAKE_APPTAINER = """#!/bin/bash
+if [ "$1" = run ] && [[ " $* " == *" --cleanenv "* ]] && [ -z "${FAKE_INSIDE:-}" ]; then
+    inside=(FAKE_INSIDE=1 PATH="$PATH" CALLS="$CALLS")
+    for name in $(compgen -e); do
+        case $name in
+            APPTAINERENV_*) inside+=("${name#APPTAINERENV_}=${!name}") ;;
+            FAKE_*) inside+=("$name=${!name}") ;;
+        esac
+    done
+    exec env -i "${inside[@]}" "$0" "$@"
+fi
 if [ "$1" = run ]; then""" + PLANNER + """fi
 line=$(printf '%q ' "$@")
 echo "${line% }" >> "$CALLS"
@@ -260,6 +273,17 @@ def test_a_job_array_runs_one_part_of_the_plan_per_task(tmp_path: Path) -> None:
     done = subprocess.run(["bash", str(SINGLENODE), "table2"], cwd=tmp_path, env=stepped,
                           capture_output=True, text=True, timeout=20)
     assert done.returncode == 2 and "must be a plain range" in done.stderr
+
+
+def test_the_image_sees_the_job_and_its_gpus_and_none_of_the_host_s_environment(tmp_path: Path) -> None:
+    # --cleanenv keeps a host's PYTHONPATH out; the job's id (the run directory's lease names
+    # it: a requeued job takes its own lease back) and its GPUs go in by name
+    env = fake_tools(tmp_path) | {"FAKE_SESSION_S": "0", "CUDA_VISIBLE_DEVICES": "2,3",
+                                  "PYTHONPATH": "/home/me/lib"}
+    subprocess.run(["bash", str(SINGLENODE), "table2"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True, timeout=20)
+    inside = next(line for line in (tmp_path / "calls").read_text().splitlines() if "JOB=" in line)
+    assert "JOB=4242 GPUS=2,3 HOST_PATH=unset" in inside and "REPORT_ELSEWHERE=1" in inside, inside
 
 
 def test_a_left_json_an_earlier_job_left_behind_does_not_requeue(tmp_path: Path) -> None:

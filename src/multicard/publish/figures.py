@@ -84,19 +84,22 @@ def primary_figure(spec: Spec, table: pd.DataFrame, trials: pd.DataFrame) -> Any
     for i, (value, panel) in enumerate(panels):
         block, column = divmod(i, columns)
         top = axes[block * per_panel][column]
-        for name, (handle, has_data) in _draw_panel(top, spec, panel, trials, spec.primary, log).items():
+        lines = _draw_panel(top, spec, panel, trials, spec.primary, log)
+        for name, (handle, has_data) in lines.items():
             drawn.setdefault(name, [handle, []])[1].append((f"{facet}={value}" if facet else None, has_data))
-        tops.append(top)
+        if any(has_data for _, has_data in lines.values()):  # an empty one keeps 0-1: not shared
+            tops.append(top)
         if speedups:
-            bottoms.append(axes[block * per_panel + 1][column])
-            _draw_speedups(bottoms[-1], spec, panel, facet)
+            _draw_speedups(axes[block * per_panel + 1][column], spec, panel, facet)
+            if panel["speedup"].notna().any():
+                bottoms.append(axes[block * per_panel + 1][column])
         if facet:
             top.set_title(f"{facet} = {value}", fontsize=9)
     for i in range(len(panels), blocks * columns):  # the last row's empty places
         for row in range(per_panel):
             axes[(blocks - 1) * per_panel + row][i % columns].set_axis_off()
     for row in (tops, bottoms):
-        if row:
+        if len(row) > 1:
             _share_y(row)
     _legend(fig, drawn, columns)
     _title(fig, figure_title(spec), PANEL_W_IN * columns)
@@ -191,6 +194,8 @@ def _draw_panel(ax: Any, spec: Spec, table: pd.DataFrame, trials: pd.DataFrame, 
         raw = trials[trials["config_id"].isin(group["config_id"])]
         ax.scatter(raw[x_key].map(slot) + shift, raw[metric] * scale, s=10, alpha=0.4, color=f"C{colour}")
         drawn[name] = (handle, True)
+    if not any(has_data for _, has_data in drawn.values()):  # a facet that is all failures
+        ax.text(0.5, 0.5, "no ok trial", transform=ax.transAxes, ha="center", va="center", color="grey")
     ax.set_xticks(range(len(xs)), [config_tick(x_key, x) for x in xs])
     ax.set_xlim(-0.5, len(xs) - 0.5)
     ax.set_ylabel(textwrap.fill(_axis_label(spec, metric) + " (mean, 95% CI; dots: trials)", 40), fontsize=8)
@@ -347,13 +352,22 @@ def plot_time_and_energy(spec: Spec, table: pd.DataFrame, target: Path) -> bool:
     for ax, key in zip(axes, (spec.primary, metric), strict=True):
         mean, err = _mean_and_error(table, key)
         ax.barh(range(len(ticks)), mean.fillna(0), xerr=err, capsize=3)
-        _say_missing(ax, mean, lambda i, key=key: _withheld(table, key, i) or "no ok trial")
+        _say_missing(ax, mean, lambda i, key=key: _why_no_number(table, key, i, spec.primary))
         ax.set_xlabel(_axis_label(spec, key) + " (mean, 95% CI)", fontsize=8)
         _log_if_wide(ax, mean, "x")
     _config_axis(axes[0], ticks)
     _title(fig, figure_title(spec, "time and energy"), MAX_WIDTH_IN)
     _save(fig, target)
     return True
+
+
+def _why_no_number(table: pd.DataFrame, key: str, row: int, primary: str) -> str:
+    """Why a config has no `key` to draw: withheld (n < 3), not measured by its ok trials, or
+    no ok trial at all."""
+    if why := _withheld(table, key, row):
+        return why
+    ok = table[f"{primary}.n"].iloc[row] if f"{primary}.n" in table else 0
+    return "not measured" if ok and key != primary else "no ok trial"
 
 
 def _withheld(table: pd.DataFrame, key: str, row: int) -> str | None:

@@ -21,6 +21,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,9 @@ def node_file(out: Path, node: int) -> Path:
 def problems(step_dir: Path, nnodes: int, gpus_per_node: int, returncode: int | None,
              timed_out: bool, launcher_tail: str, tails: Mapping[int, str],
              version: str = multicard.__version__, cpus_per_node: int | None = None,
-             commit: str | None = None) -> list[str]:
-    """What stops the run from going on, first the most telling; [] when every node passed."""
+             commit: str | None = None, step_unix: tuple[float, float] | None = None) -> list[str]:
+    """What stops the run from going on, first the most telling; [] when every node passed.
+    `step_unix`: when the planner started and saw the end of the step, on its own clock."""
     reports = cluster.node_reports(step_dir, nnodes)
     if not any(r.get("started", True) for r in reports):
         return [f"no node started its part: the launcher exited with status {returncode}"
@@ -59,7 +61,26 @@ def problems(step_dir: Path, nnodes: int, gpus_per_node: int, returncode: int | 
     if timed_out:
         found.append(f"the step did not end within {TIMEOUT_S} s")
     seen = [integrity.read_json_object(node_file(step_dir, n)) for n in range(nnodes)]
-    return found + _compare(seen, gpus_per_node, version, cpus_per_node, commit)
+    return found + _compare(seen, gpus_per_node, version, cpus_per_node, commit) + \
+        (_skewed_clocks(seen, *step_unix) if step_unix else [])
+
+
+# The hung-node check (cluster.HUNG_AFTER_S) and which node failed first compare times the nodes
+# wrote by their own clocks: a node whose clock is off the planner's by more than this is named
+MAX_CLOCK_SKEW_S = 20.0
+
+
+def _skewed_clocks(seen: Sequence[dict[str, Any] | None], start: float, end: float) -> list[str]:
+    """Nodes whose clock read, while they ran the step, a time outside the step's span on the
+    planner's clock widened by MAX_CLOCK_SKEW_S (a node's reading is taken within the span)."""
+    found = []
+    for s in (s for s in seen if s is not None and isinstance(s.get("clock_unix"), int | float)):
+        off = max(start - s["clock_unix"], s["clock_unix"] - end, 0.0)
+        if off > MAX_CLOCK_SKEW_S:
+            found.append(f"node {s['node']} ({s['host']}): its clock is at least {off:.0f} s off the "
+                         f"planner's (over {MAX_CLOCK_SKEW_S:.0f} s): naming a hung node and the node "
+                         "that failed first compares the nodes' clocks; synchronize them (NTP, chrony)")
+    return found
 
 
 def _compare(seen: Sequence[dict[str, Any] | None], gpus_per_node: int, version: str,
@@ -129,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             "multicard": multicard.__version__, "torch": torch.__version__, "gpus": gpus,
             "cpus": len(os.sched_getaffinity(0)), "commit": environment.source_commit(),
             "paths": {path: Path(path).is_dir() for path in args.path}, "all_reduce": value.item(),
-            "expected": world * (world + 1) / 2, "env": environment.capture_env()}, indent=1))
+            "expected": world * (world + 1) / 2, "env": environment.capture_env(),
+            "clock_unix": round(time.time(), 3)}, indent=1))
     dist.destroy_process_group()
     return 0
 

@@ -391,7 +391,7 @@ class Tally:
     def __init__(self, todo: int, echo: Callable[[str], None]) -> None:
         self.todo, self.echo = todo, echo
         self.ok = self.failed = self.skipped = self.unstarted = 0
-        self.broken_configs: set[str] = set()  # the configs of the streak's fast failures
+        self.broken_configs: set[str] = set()  # the configs of the streak's trials
         self.walls: list[float] = []
         self.left_for_later: list[tuple[str, float]] = []  # (trial, seconds needed)
 
@@ -414,10 +414,10 @@ class Tally:
     def _count_broken(self, record: dict[str, Any]) -> None:
         """Multi-node steps where some node never started its part, or that failed within
         FAST_FAIL_S (a node's image that cannot import, a bind path gone): the launcher or a node
-        is broken. Single-node trials between them neither count nor reset the count. Fast
-        failures of one config alone are that config's (a setting it cannot run: a resume that
-        reruns only its trials has them in a row), not the nodes': they stop the run only when
-        the streak spans two configs or holds a step that never started."""
+        is broken, and each further trial would fail the same way. Single-node trials between
+        them neither count nor reset the count. Trials are interleaved across configs, so one
+        config's trials meet in a row only where no other config's are left: those stop the run
+        too (they would all fail alike), and the line says it may be that config's setting."""
         nodes = record.get("nodes")
         if not nodes:
             return
@@ -427,15 +427,17 @@ class Tally:
             self.unstarted, self.broken_configs = 0, set()
             return
         self.unstarted += 1
-        self.broken_configs.add("never started" if never else str(record.get("config_id")))
-        nodes_broke = len(self.broken_configs) > 1 or "never started" in self.broken_configs
-        if self.unstarted >= MAX_UNSTARTED and nodes_broke:
+        # a step no node started says nothing of its config's setting
+        self.broken_configs.add(NOT_STARTED if never else str(record.get("config_id")))
+        if self.unstarted >= MAX_UNSTARTED:
             error = record.get("error") or {}
+            one = f", all of config {record.get('config_id')} (its setting may be the cause)" \
+                if self.broken_configs == {str(record.get("config_id"))} else ""
             raise ClusterFailure(f"{self.unstarted} multi-node trials in a row where a node never "
-                                 f"started its part or the step failed within {FAST_FAIL_S:.0f} s "
-                                 f"(the last: {error.get('message')}); the run stops, their "
-                                 "records say so; fix the launcher or the node and run the same "
-                                 "command to resume")
+                                 f"started its part or the step failed within {FAST_FAIL_S:.0f} s"
+                                 f"{one} (the last: {error.get('message')}); the run stops, their "
+                                 "records say so; fix the launcher, the node or the setting and "
+                                 "run the same command to resume")
 
     def outcome(self, name: str, out: Path, trials_file: Path, already: int) -> RunOutcome:
         reasons = " (reasons in the records)" if self.skipped else ""
@@ -464,15 +466,17 @@ def _preflight(spec: Spec, out: Path, data_dir: Path, nodes: Nodes, multi: list[
                              command, os.environ)
     integrity.write_text_atomic(step_dir / "launch.json", json.dumps({"argv": argv}, indent=1))
     echo(f"preflight: one step over {nnodes} nodes")
-    t0 = time.monotonic()
+    t0, started_unix = time.monotonic(), time.time()
     returncode, timed_out, _, _ = _execute(argv, launch.trial_env(os.environ, max(1, gpus), None),
                                            step_dir, preflight.TIMEOUT_S, False, [], False)
+    ended_unix = time.time()
     tails = {n: _tail(cluster.node_dir(step_dir, n) / "stderr.log") for n in range(nnodes)}
     found = preflight.problems(step_dir, nnodes, gpus, returncode, timed_out,
                                _tail(step_dir / "stderr.log"), tails,
                                cpus_per_node=cluster.job_cpus_per_node(os.environ)
                                if nodes.launcher.is_srun else None,
-                               commit=environment.source_commit())
+                               commit=environment.source_commit(),
+                               step_unix=(started_unix, ended_unix))
     wall = time.monotonic() - t0
     integrity.write_text_atomic(out / preflight.SUMMARY, json.dumps(
         preflight.summary(step_dir, nnodes, found, wall), indent=1))
@@ -770,6 +774,8 @@ def _classify_nodes(trial_dir: Path, reports: list[dict[str, Any]], returncode: 
     elif found.how in ("lost", "never started") and not named:
         named = {"type": "NodeLost", "message": said}
     status, error = classify(returncode, timed_out, tail, result, timeout_s, named)
+    if found.how == "never started" and found.node is None:  # nothing ran: not a censored time
+        status, error = "failed", named
     if found.how == "oom" and status not in ("timeout", "oom"):  # the cause, whatever the ranks said
         status, error = "oom", {"type": "OutOfMemory", "message": said, "stderr_tail": tail}
     if found.how.startswith("hung") or (timed_out and found.node is not None):  # run again on resume
@@ -782,11 +788,14 @@ def _classify_nodes(trial_dir: Path, reports: list[dict[str, Any]], returncode: 
 
 
 def _timed_out_blame(reports: list[dict[str, Any]]) -> cluster.Blame:
-    """At a timeout: a node whose part never started while another's did (it hung before it
-    could start: a dead mount under the image), else one whose heartbeat fell behind; else none."""
+    """At a timeout: no node started at all (srun still creating the step: a trial not started,
+    run again, never a censored time); a node whose part never started while another's did (it
+    hung before it could start: a dead mount under the image), else one whose heartbeat fell
+    behind; else none."""
     never = [int(r["node"]) for r in reports if not r.get("started", True)]
-    how, hung = ("hung before start", never) if never and len(never) < len(reports) else \
-        ("hung", cluster.hung_nodes(reports))
+    if never and len(never) == len(reports):  # still creating the step (srun's --immediate)
+        return cluster.Blame(None, "never started")
+    how, hung = ("hung before start", never) if never else ("hung", cluster.hung_nodes(reports))
     if not hung:
         return cluster.Blame(None, "stopped")
     return cluster.Blame(hung[0], how, tuple(int(r["node"]) for r in reports if int(r["node"]) != hung[0]))

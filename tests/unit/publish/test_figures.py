@@ -137,3 +137,26 @@ def test_an_axis_reads_in_the_unit_its_label_names_as_the_tables_do(metric: str)
     scale = formatting.display_scale(metric)
     assert mean[0] == pytest.approx(value * scale) and below[0] == pytest.approx(value * scale / 2)
     assert above[0] == 0
+
+
+def test_a_facet_with_no_ok_trial_says_so_and_leaves_the_others_scale_alone(tmp_path: Path) -> None:
+    times = {k: v for k, v in every_time(10.0).items() if k[0] != "dali"}  # DALI skipped on CPU
+    s, table, trials = nhwc_like(tmp_path, times)
+    fig = figures.primary_figure(s, table, trials)
+    try:
+        tops = {ax.get_title(): ax for ax in fig.axes if ax.get_title().startswith("loader = ")}
+        assert [t.get_text() for t in tops["loader = dali"].texts] == ["no ok trial"]
+        shared = tops["loader = torch"].get_ylim()
+        assert shared == tops["loader = synthetic"].get_ylim() and shared[0] > 5  # not pulled to 0-1
+    finally:
+        figures.pyplot().close(fig)
+
+
+def test_a_bar_without_a_number_says_why() -> None:
+    table = pd.DataFrame([
+        {"train_time_s.n": 5, "energy_per_sample_j.withheld": None},  # ok trials, no energy read
+        {"train_time_s.n": 5, "energy_per_sample_j.withheld": "n < 3 (n = 2)"},
+        {"train_time_s.n": 0, "energy_per_sample_j.withheld": None}])
+    assert [figures._why_no_number(table, "energy_per_sample_j", i, "train_time_s") for i in range(3)] == [
+        "not measured", "n < 3 (n = 2)", "no ok trial"]
+    assert figures._why_no_number(table, "train_time_s", 2, "train_time_s") == "no ok trial"

@@ -82,3 +82,19 @@ def test_the_source_commit_is_a_multicard_checkout_s_and_an_image_s_unknown_is_n
     assert environment.source_commit() is None
     monkeypatch.setenv("MULTICARD_GIT_SHA", "c" * 40)
     assert environment.source_commit() == "c" * 40
+
+
+def test_a_node_whose_clock_is_off_the_planner_s_is_named(tmp_path: Path) -> None:
+    # the step ran from 1000 to 1010 on the planner's clock; node 1 read 1095 while in it
+    node_left(tmp_path, 0, clock_unix=1004.0)
+    node_left(tmp_path, 1, clock_unix=1095.0)
+    found = preflight.problems(tmp_path, 2, 4, 0, False, "", {}, version="1.0", step_unix=(1000.0, 1010.0))
+    assert found == ["node 1 (n1): its clock is at least 85 s off the planner's (over 20 s): naming a "
+                     "hung node and the node that failed first compares the nodes' clocks; "
+                     "synchronize them (NTP, chrony)"]
+    # within the span and its margin, or no reading (an older image): nothing said
+    (tmp_path / "later").mkdir()
+    node_left(tmp_path / "later", 0, clock_unix=1025.0)
+    node_left(tmp_path / "later", 1)
+    assert preflight.problems(tmp_path / "later", 2, 4, 0, False, "", {}, version="1.0",
+                              step_unix=(1000.0, 1010.0)) == []

@@ -471,14 +471,21 @@ def test_the_breaker_counts_broken_multi_node_steps_whatever_runs_between_them()
         tally.add(multi("failed", 0.3), "t", 3)
 
 
-def test_fast_failures_of_one_config_alone_are_its_own_and_stop_nothing() -> None:
-    # a resume that reruns one config's failed trials has them in a row: a setting that config
-    # cannot run, not a broken node; a second config failing as fast is the nodes'
+def test_fast_failures_of_one_config_stop_the_run_and_say_the_setting_may_be_the_cause() -> None:
+    # trials are interleaved: one config's trials meet in a row only where none of another is
+    # left, and they would all fail alike (4 trials failed in 0.3 s formerly ended with exit 0)
     tally = runner.Tally(20, lambda line: None)
-    for i in range(5):
+    for i in range(2):
         tally.add(multi("failed", 0.3, config="a"), "t", i)
-    with pytest.raises(runner.ClusterFailure, match="6 multi-node trials in a row"):
-        tally.add(multi("failed", 0.3, config="b"), "t", 5)
+    with pytest.raises(runner.ClusterFailure, match=r"3 multi-node trials in a row .* within 10 s, "
+                                                    r"all of config a \(its setting may be the cause\)"):
+        tally.add(multi("failed", 0.3, config="a"), "t", 2)
+    tally = runner.Tally(20, lambda line: None)
+    for i, config in enumerate("ab"):
+        tally.add(multi("failed", 0.3, config=config), "t", i)
+    with pytest.raises(runner.ClusterFailure) as stopped:
+        tally.add(multi("failed", 0.3, config="a"), "t", 2)
+    assert "all of config" not in str(stopped.value)
 
 
 def test_a_multi_node_step_that_ran_resets_the_breaker_and_a_slow_failure_does_not_count() -> None:
@@ -497,11 +504,18 @@ def test_at_a_timeout_a_node_that_never_started_while_another_did_is_named() -> 
     said = runner.cluster.blame_message(found, reports)
     assert said.startswith("node 1 never started its part while the others ran"), said
     assert "heartbeat" not in said
-    # no node started, or every node beat alike: nobody's fault, a censored timeout
-    nobody = [{"node": 0, "started": False}, {"node": 1, "started": False}]
-    assert runner._timed_out_blame(nobody).node is None
-    assert runner._timed_out_blame([{"node": 0, "last_beat_unix": 100.0},
-                                    {"node": 1, "last_beat_unix": 99.0}]).node is None
+    # every node beat alike: nobody's fault, a censored timeout
+    alike = [{"node": 0, "last_beat_unix": 100.0}, {"node": 1, "last_beat_unix": 99.0}]
+    assert runner._timed_out_blame(alike) == runner.cluster.Blame(None, "stopped")
+
+
+def test_a_timeout_while_no_node_had_started_is_a_trial_not_started(tmp_path: Path) -> None:
+    # srun was still creating the step when the trial's timeout came (--immediate longer than
+    # the timeout): nothing ran, so nothing is censored; the trial is run again on resume
+    reports = [{"node": 0, "started": False}, {"node": 1, "started": False}]
+    assert runner._timed_out_blame(reports) == runner.cluster.Blame(None, "never started")
+    status, error = runner._classify_nodes(tmp_path, reports, None, True, None, 60.0)
+    assert status == "failed" and error is not None and error["type"] == runner.NOT_STARTED
 
 
 def test_a_run_whose_lease_another_job_took_stops_before_its_next_trial(
