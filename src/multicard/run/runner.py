@@ -80,6 +80,8 @@ class ClusterFailure(RunStopped):
 # their step's start, before the run stops (a launcher, an image or a node that broke mid-run)
 MAX_UNSTARTED = 3
 FAST_FAIL_S = 10.0
+# multi-node trials in a row that hung on the same node (each waited out its timeout)
+MAX_HUNG = 2
 # how long a run waits for another preparing the same inputs in a shared cache
 PREPARE_WAIT_S = 3600.0
 
@@ -392,6 +394,7 @@ class Tally:
         self.todo, self.echo = todo, echo
         self.ok = self.failed = self.skipped = self.unstarted = 0
         self.broken_configs: set[str] = set()  # the configs of the streak's trials
+        self.hung: list[int] = []  # the node each multi-node trial in a row hung on
         self.walls: list[float] = []
         self.left_for_later: list[tuple[str, float]] = []  # (trial, seconds needed)
 
@@ -410,6 +413,20 @@ class Tally:
         self.echo(f"[{index + 1:>{len(str(self.todo))}}/{self.todo}] {what}: {status} in "
                   f"{record['wall_s']:.1f} s | ETA {format_duration(eta)}")
         self._count_broken(record)
+        self._count_hung(record)
+
+    def _count_hung(self, record: dict[str, Any]) -> None:
+        """The same node hung (NodeHung) in MAX_HUNG multi-node trials in a row: each further
+        trial would wait out its timeout on it. Single-node trials between them do not count."""
+        if not record.get("nodes"):
+            return
+        error = record.get("error") or {}
+        self.hung = [*self.hung, error.get("node")] if error.get("type") == "NodeHung" else []
+        if len(self.hung) >= MAX_HUNG and len(set(self.hung[-MAX_HUNG:])) == 1:
+            raise ClusterFailure(f"node {self.hung[-1]} hung in {MAX_HUNG} multi-node trials in a row "
+                                 f"(the last: {error.get('message')}); the run stops, their records "
+                                 "say so; take the node out of the job (drain it, or --exclude it) "
+                                 "and run the same command to resume")
 
     def _count_broken(self, record: dict[str, Any]) -> None:
         """Multi-node steps where some node never started its part, or that failed within

@@ -540,3 +540,15 @@ def test_a_run_whose_lease_another_job_took_stops_before_its_next_trial(
     assert [r["status"] for r in store.read(out / "trials.jsonl")] == ["ok"]
     # the other job's lease is left as it is
     assert json.loads((out / locks.OWNER_FILE).read_text())["slurm_job"] == "99"
+
+
+def test_the_same_node_hung_twice_in_a_row_stops_the_run() -> None:
+    def hung(node: int) -> dict[str, object]:
+        return {**multi("failed", 700.0), "error": {"type": "NodeHung", "node": node, "message": "x"}}
+
+    tally = runner.Tally(20, lambda line: None)
+    for i, record in enumerate([hung(1), multi("ok", 40.0), hung(1), hung(2)]):
+        tally.add(record, "t", i)  # another node, or a trial that ran between: no streak
+    with pytest.raises(runner.ClusterFailure, match=r"node 2 hung in 2 multi-node trials in a row .*"
+                                                    r"\(drain it, or --exclude it\)"):
+        tally.add(hung(2), "t", 4)
