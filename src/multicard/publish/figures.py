@@ -114,7 +114,7 @@ def _legend(fig: Any, drawn: dict[str, list[Any]], columns: int) -> None:
         if not name:
             continue
         empty = [where for where, has_data in seen if not has_data]
-        note = "" if not empty else " (no ok trial)" if len(empty) == len(seen) or empty == [None] \
+        note = "" if not empty else " (no ok trial)" if len(empty) == len(seen) \
             else f" (no ok trial: {', '.join(str(e) for e in empty)})"
         handles.append(handle)
         labels.append(name + note)

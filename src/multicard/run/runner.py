@@ -785,13 +785,14 @@ def _classify_nodes(trial_dir: Path, reports: list[dict[str, Any]], returncode: 
     tail = own[-quarter:] + cause[-(STDERR_TAIL_CHARS - quarter):]
     said = cluster.blame_message(found, reports)
     named = rank_failure(trial_dir, node_ranks(reports, found.node)) if found.node is not None else None
-    if found.how == "never started" and found.node is None:
+    nothing_ran = found.how == "never started" and found.node is None
+    if nothing_ran:
         named = {"type": NOT_STARTED, "message": f"no node started its part: the launcher exited "
                  f"with status {returncode}{preflight.last_line(own, ': ')}"}
     elif found.how in ("lost", "never started") and not named:
         named = {"type": "NodeLost", "message": said}
     status, error = classify(returncode, timed_out, tail, result, timeout_s, named)
-    if found.how == "never started" and found.node is None:  # nothing ran: not a censored time
+    if nothing_ran:  # whatever the clock says, not a censored time: run again
         status, error = "failed", named
     if found.how == "oom" and status not in ("timeout", "oom"):  # the cause, whatever the ranks said
         status, error = "oom", {"type": "OutOfMemory", "message": said, "stderr_tail": tail}
